@@ -1,0 +1,59 @@
+"""Multi-process start-up: one JAX process per host, one global mesh.
+
+On TPU pods `jax.distributed.initialize()` finds its peers by itself. Elsewhere
+(GPU clusters, or several CPU processes in a test) pass the coordinator
+address, the number of processes and this process's id. CPU processes talk
+through gloo collectives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+  coordinator_address: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
+  # Devices per process for the CPU backend (tests, laptops).
+  cpu_devices: int | None = None
+
+  @property
+  def explicit(self) -> bool:
+    return self.coordinator_address is not None
+
+  def __post_init__(self):
+    given = [self.coordinator_address is not None,
+             self.num_processes is not None, self.process_id is not None]
+    if any(given) and not all(given):
+      raise ValueError("--coordinator_address, --num_processes and "
+                       "--process_id must be given together")
+    if self.num_processes is not None and not (
+        0 <= self.process_id < self.num_processes):
+      raise ValueError(f"--process_id {self.process_id} is not in "
+                       f"[0, {self.num_processes})")
+
+
+def on_tpu_pod() -> bool:
+  # Cloud TPU VMs of a multi-host slice set these for every worker.
+  return bool(os.environ.get("TPU_WORKER_HOSTNAMES") or
+              os.environ.get("MEGASCALE_COORDINATOR_ADDRESS"))
+
+
+def initialize(cfg: DistributedConfig) -> None:
+  """Starts the multi-controller runtime when more than one process runs."""
+  if cfg.cpu_devices:
+    jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)
+  if cfg.explicit:
+    if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get(
+        "JAX_PLATFORMS", "") == "cpu":
+      jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=cfg.coordinator_address,
+                               num_processes=cfg.num_processes,
+                               process_id=cfg.process_id)
+  elif on_tpu_pod():
+    jax.distributed.initialize()

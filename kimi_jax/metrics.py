@@ -1,0 +1,109 @@
+"""Run metrics: JSONL and TensorBoard event files while running, PNG plots at
+the end. Only process 0 writes; other processes get a writer that does
+nothing, so callers need no `if process_index == 0` branches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+
+def _scalar(v) -> float | None:
+  try:
+    f = float(np.asarray(v))
+  except (TypeError, ValueError):
+    return None
+  return f
+
+
+class MetricsWriter:
+  """Appends one JSON line per record and mirrors scalars to TensorBoard."""
+
+  def __init__(self, workdir: str, *, enabled: bool = True,
+               filename: str = "metrics.jsonl"):
+    self.enabled = enabled
+    self.path = os.path.join(workdir, filename)
+    self._tb = None
+    if enabled:
+      os.makedirs(workdir, exist_ok=True)
+      from tensorboardX import SummaryWriter  # lazy: heavy import
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, step: int, stage: str, values: Mapping[str, object]
+            ) -> dict:
+    record = {"stage": stage, "step": int(step)}
+    for k, v in values.items():
+      f = _scalar(v)
+      record[k] = v if f is None else f
+    if not self.enabled:
+      return record
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record, allow_nan=True) + "\n")
+      f.flush()
+    for k, v in record.items():
+      if isinstance(v, float) and math.isfinite(v):
+        self._tb.add_scalar(f"{stage}/{k}", v, step)
+    self._tb.flush()
+    return record
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """Reads metrics back; a torn last line (killed mid-write) is skipped."""
+  if not os.path.exists(path):
+    return []
+  out = []
+  with open(path) as f:
+    for line in f:
+      try:
+        out.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
+  return out
+
+
+def plot_curves(records: Sequence[dict], stage: str,
+                panels: Iterable[tuple[str, Sequence[str]]], path: str,
+                title: str = "") -> str | None:
+  """One PNG with a subplot per (title, metric keys) panel."""
+  rows = [r for r in records if r.get("stage") == stage]
+  panels = [(t, [k for k in keys if any(k in r for r in rows)])
+            for t, keys in panels]
+  panels = [(t, keys) for t, keys in panels if keys]
+  if not rows or not panels:
+    return None
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  cols = min(3, len(panels))
+  nrows = math.ceil(len(panels) / cols)
+  fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.4 * nrows),
+                           squeeze=False)
+  for ax, (panel_title, keys) in zip(axes.flat, panels):
+    for k in keys:
+      pts = [(r["step"], r[k]) for r in rows
+             if isinstance(r.get(k), (int, float))]
+      if pts:
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, marker="." if len(xs) < 40 else None, label=k)
+    ax.set_title(panel_title)
+    ax.set_xlabel("iteration" if stage == "rl" else "step")
+    ax.grid(alpha=0.3)
+    if len(keys) > 1:
+      ax.legend(fontsize=8)
+  for ax in list(axes.flat)[len(panels):]:
+    ax.axis("off")
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

@@ -1,0 +1,87 @@
+"""Typed, frozen configuration of the policy transformer."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
+           "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """A decoder-only transformer of the Llama / Qwen2 family.
+
+  Qwen2 differs from Llama only by `qkv_bias=True` (and usually tied
+  embeddings on the small sizes); both use RMSNorm, rotary embeddings,
+  grouped-query attention and a SwiGLU MLP.
+  """
+
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  rope_theta: float = 1_000_000.0
+  norm_eps: float = 1e-6
+  tie_embeddings: bool = False
+  qkv_bias: bool = False
+  max_seq_len: int = 4096
+  param_dtype: str = "float32"
+  compute_dtype: str = "float32"
+  # Rematerialise each layer in the backward pass (memory for compute).
+  remat: bool = False
+
+  def __post_init__(self):
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+                 "head_dim", "mlp_dim", "max_seq_len"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"model.{name} must be positive, got "
+                         f"{getattr(self, name)}")
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(f"model.n_heads ({self.n_heads}) must be a multiple of "
+                       f"model.n_kv_heads ({self.n_kv_heads})")
+    if self.head_dim % 2:
+      raise ValueError(f"model.head_dim must be even for rotary embeddings, "
+                       f"got {self.head_dim}")
+    for name in ("param_dtype", "compute_dtype"):
+      if getattr(self, name) not in _DTYPES:
+        raise ValueError(f"model.{name} must be one of {sorted(_DTYPES)}, got "
+                         f"{getattr(self, name)!r}")
+    if self.rope_theta <= 0:
+      raise ValueError(f"model.rope_theta must be positive, got "
+                       f"{self.rope_theta}")
+
+  @property
+  def param_jnp_dtype(self):
+    return _DTYPES[self.param_dtype]
+
+  @property
+  def compute_jnp_dtype(self):
+    return _DTYPES[self.compute_dtype]
+
+  @classmethod
+  def from_mapping(cls, values: Mapping[str, Any]) -> "ModelConfig":
+    """Builds from a config section, naming unknown keys."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(f"unknown model config keys: {unknown}")
+    return cls(**dict(values))
+
+
+def count_params(cfg: ModelConfig) -> int:
+  """Number of parameters, computed from the shapes alone."""
+  d, h, k, hd, f = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                    cfg.mlp_dim)
+  attn = d * h * hd + 2 * d * k * hd + h * hd * d
+  if cfg.qkv_bias:
+    attn += h * hd + 2 * k * hd
+  per_layer = attn + 3 * d * f + 2 * d
+  embed = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
+  return cfg.n_layers * per_layer + embed + d

@@ -1,0 +1,534 @@
+"""Hugging Face interop: Qwen2 / Llama `config.json` + safetensors <-> params.
+
+HF stores each layer's linear maps as torch `[out, in]` matrices with heads
+flattened; our params are stacked over layers with heads as their own axis
+(see `transformer.param_shapes`). Each parameter is converted on the host one
+at a time, so peak host memory stays around one stacked parameter; with a
+`Sharder` it is then placed straight into its `NamedSharding`.
+
+Supported: `Qwen2ForCausalLM` (q/k/v biases) and `LlamaForCausalLM` without
+biases, both with default (unscaled) rotary embeddings and SiLU MLPs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Iterator, Mapping
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from kimi_jax.model.config import ModelConfig
+from kimi_jax.model.transformer import Params, param_shapes, param_shardings
+from kimi_jax.sharding import Sharder
+
+QWEN2 = "Qwen2ForCausalLM"
+LLAMA = "LlamaForCausalLM"
+SUPPORTED_ARCHITECTURES = (QWEN2, LLAMA)
+_MODEL_TYPES = {QWEN2: "qwen2", LLAMA: "llama"}
+# HF's own defaults for keys a config.json may omit.
+_DEFAULT_MAX_POSITIONS = {QWEN2: 32768, LLAMA: 2048}
+_DEFAULT_ROPE_THETA = 10000.0
+_DEFAULT_RMS_EPS = 1e-6
+
+CONFIG_FILE = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class HFCheckpointError(ValueError):
+  """A Hugging Face checkpoint does not match what the model expects."""
+
+
+# ---------------------------------------------------------------------------
+# config.json
+
+
+def _architecture(hf_config: Mapping[str, Any], source: str) -> str:
+  archs = hf_config.get("architectures")
+  if archs:
+    if len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
+      raise HFCheckpointError(
+          f"{source}: unsupported architecture {archs}; supported: "
+          f"{list(SUPPORTED_ARCHITECTURES)}")
+    return archs[0]
+  by_type = {t: a for a, t in _MODEL_TYPES.items()}
+  model_type = hf_config.get("model_type")
+  if model_type not in by_type:
+    raise HFCheckpointError(
+        f"{source}: no `architectures` and unsupported model_type "
+        f"{model_type!r}; supported: {list(SUPPORTED_ARCHITECTURES)}")
+  return by_type[model_type]
+
+
+def _rope_theta(hf_config: Mapping[str, Any], source: str) -> float:
+  """rope_theta from `rope_parameters` (HF 5.x) or the top level (4.x)."""
+  params = hf_config.get("rope_parameters") or {}
+  scaling = hf_config.get("rope_scaling") or {}
+  for where, section in (("rope_parameters", params),
+                         ("rope_scaling", scaling)):
+    kind = section.get("rope_type", section.get("type", "default"))
+    if kind not in (None, "default"):
+      raise HFCheckpointError(
+          f"{source}: {where} has rope type {kind!r}; only default "
+          f"(unscaled) rotary embeddings are implemented")
+  thetas = {float(v) for v in (params.get("rope_theta"),
+                               hf_config.get("rope_theta")) if v is not None}
+  if len(thetas) > 1:
+    raise HFCheckpointError(f"{source}: rope_theta and rope_parameters."
+                            f"rope_theta disagree: {sorted(thetas)}")
+  return thetas.pop() if thetas else _DEFAULT_ROPE_THETA
+
+
+def _required(hf_config: Mapping[str, Any], key: str, source: str) -> Any:
+  if hf_config.get(key) is None:
+    raise HFCheckpointError(f"{source}: missing required key {key!r}")
+  return hf_config[key]
+
+
+def config_from_hf(hf_config: Mapping[str, Any], *,
+                   source: str = CONFIG_FILE) -> ModelConfig:
+  """ModelConfig of a Qwen2 / Llama `config.json` (already parsed).
+
+  `source` only names the file in error messages.
+  """
+  arch = _architecture(hf_config, source)
+  act = hf_config.get("hidden_act", "silu")
+  if act != "silu":
+    raise HFCheckpointError(f"{source}: hidden_act {act!r} is not supported "
+                            f"(only silu)")
+  if hf_config.get("mlp_bias"):
+    raise HFCheckpointError(f"{source}: mlp_bias=true is not supported")
+  if arch == QWEN2:
+    if hf_config.get("use_sliding_window"):
+      raise HFCheckpointError(f"{source}: {arch} with use_sliding_window=true "
+                              f"is not supported")
+    qkv_bias = True
+  elif hf_config.get("attention_bias"):
+    # Llama's attention_bias also adds an o_proj bias, which we don't have.
+    raise HFCheckpointError(
+        f"{source}: {arch} with attention_bias=true (biases on q/k/v and "
+        f"o_proj) is not supported; the model has q/k/v biases only")
+  else:
+    qkv_bias = False
+  d_model = int(_required(hf_config, "hidden_size", source))
+  n_heads = int(_required(hf_config, "num_attention_heads", source))
+  return ModelConfig(
+      vocab_size=int(_required(hf_config, "vocab_size", source)),
+      d_model=d_model,
+      n_layers=int(_required(hf_config, "num_hidden_layers", source)),
+      n_heads=n_heads,
+      n_kv_heads=int(hf_config.get("num_key_value_heads") or n_heads),
+      head_dim=int(hf_config.get("head_dim") or d_model // n_heads),
+      mlp_dim=int(_required(hf_config, "intermediate_size", source)),
+      rope_theta=_rope_theta(hf_config, source),
+      norm_eps=float(hf_config.get("rms_norm_eps", _DEFAULT_RMS_EPS)),
+      tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
+      qkv_bias=qkv_bias,
+      max_seq_len=int(hf_config.get("max_position_embeddings",
+                                    _DEFAULT_MAX_POSITIONS[arch])),
+  )
+
+
+def config_to_hf(cfg: ModelConfig, architecture: str | None = None
+                 ) -> dict[str, Any]:
+  """config.json contents that transformers loads as the same model."""
+  arch = architecture or (QWEN2 if cfg.qkv_bias else LLAMA)
+  if arch not in SUPPORTED_ARCHITECTURES:
+    raise HFCheckpointError(f"export: unsupported architecture {arch!r}; "
+                            f"supported: {list(SUPPORTED_ARCHITECTURES)}")
+  if (arch == QWEN2) != cfg.qkv_bias:
+    raise HFCheckpointError(
+        f"export: {arch} {'always has' if arch == QWEN2 else 'cannot have'} "
+        f"q/k/v biases only, but the model has qkv_bias={cfg.qkv_bias}")
+  out = {
+      "architectures": [arch],
+      "model_type": _MODEL_TYPES[arch],
+      "vocab_size": cfg.vocab_size,
+      "hidden_size": cfg.d_model,
+      "intermediate_size": cfg.mlp_dim,
+      "num_hidden_layers": cfg.n_layers,
+      "num_attention_heads": cfg.n_heads,
+      "num_key_value_heads": cfg.n_kv_heads,
+      "head_dim": cfg.head_dim,
+      "hidden_act": "silu",
+      "max_position_embeddings": cfg.max_seq_len,
+      "rms_norm_eps": cfg.norm_eps,
+      # Both spellings: transformers 4.x reads rope_theta, 5.x
+      # rope_parameters.
+      "rope_theta": cfg.rope_theta,
+      "rope_parameters": {"rope_type": "default",
+                          "rope_theta": cfg.rope_theta},
+      "tie_word_embeddings": cfg.tie_embeddings,
+      "torch_dtype": cfg.param_dtype,
+  }
+  if arch == LLAMA:
+    out.update(attention_bias=False, mlp_bias=False)
+  else:
+    out.update(use_sliding_window=False)
+  return out
+
+
+# ---------------------------------------------------------------------------
+# Tensor layout table
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """How one (per-layer) param maps to an HF tensor.
+
+  kind "same": identical array. "flat": HF flattens it (q/k/v biases).
+  "linear": a torch Linear weight [out, in]; our array is [*in, *out] with the
+  first `n_in` dims as inputs (e.g. wq [D, H, Dh] -> q_proj [H*Dh, D]).
+  """
+
+  kind: str
+  n_in: int = 1
+
+  def hf_shape(self, ours: tuple[int, ...]) -> tuple[int, ...]:
+    if self.kind == "same":
+      return ours
+    if self.kind == "flat":
+      return (math.prod(ours),)
+    return (math.prod(ours[self.n_in:]), math.prod(ours[:self.n_in]))
+
+  def to_hf(self, x: np.ndarray) -> np.ndarray:
+    if self.kind == "linear":
+      in_size = math.prod(x.shape[:self.n_in])
+      return np.ascontiguousarray(x.reshape(in_size, -1).T)
+    return np.ascontiguousarray(x.reshape(self.hf_shape(x.shape)))
+
+  def to_ours(self, x: np.ndarray, ours: tuple[int, ...]) -> np.ndarray:
+    return (x.T if self.kind == "linear" else x).reshape(ours)
+
+
+_SAME, _FLAT, _LINEAR = _Layout("same"), _Layout("flat"), _Layout("linear")
+
+# (our name under params["layers"], HF name under model.layers.{i}., layout)
+_LAYER_TENSORS = (
+    ("attn_norm", "input_layernorm.weight", _SAME),
+    ("wq", "self_attn.q_proj.weight", _LINEAR),
+    ("wk", "self_attn.k_proj.weight", _LINEAR),
+    ("wv", "self_attn.v_proj.weight", _LINEAR),
+    ("bq", "self_attn.q_proj.bias", _FLAT),
+    ("bk", "self_attn.k_proj.bias", _FLAT),
+    ("bv", "self_attn.v_proj.bias", _FLAT),
+    ("wo", "self_attn.o_proj.weight", _Layout("linear", n_in=2)),
+    ("mlp_norm", "post_attention_layernorm.weight", _SAME),
+    ("w_gate", "mlp.gate_proj.weight", _LINEAR),
+    ("w_up", "mlp.up_proj.weight", _LINEAR),
+    ("w_down", "mlp.down_proj.weight", _LINEAR),
+)
+_TOP_TENSORS = (
+    ("embed", "model.embed_tokens.weight", _SAME),
+    ("final_norm", "model.norm.weight", _SAME),
+    ("lm_head", "lm_head.weight", _LINEAR),
+)
+# Non-parameter buffers some older checkpoints carry.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+  """One of our params: its path, per-layer shape and HF tensor names."""
+
+  path: tuple[str, ...]
+  shape: tuple[int, ...]          # full (stacked) shape
+  hf_names: tuple[str, ...]       # one per layer, or a single name
+  layout: _Layout
+
+  @property
+  def stacked(self) -> bool:
+    return self.path[0] == "layers"
+
+  @property
+  def slice_shape(self) -> tuple[int, ...]:
+    return self.shape[1:] if self.stacked else self.shape
+
+
+def _entries(cfg: ModelConfig) -> list[_Entry]:
+  """Every param of `cfg` in params-tree order, with its HF names."""
+  shapes = param_shapes(cfg)
+  out = []
+  for ours, hf, layout in _LAYER_TENSORS:
+    if ours in shapes["layers"]:
+      names = tuple(f"model.layers.{i}.{hf}" for i in range(cfg.n_layers))
+      out.append(_Entry(("layers", ours), shapes["layers"][ours], names,
+                        layout))
+  for ours, hf, layout in _TOP_TENSORS:
+    if ours in shapes:
+      out.append(_Entry((ours,), shapes[ours], (hf,), layout))
+  return out
+
+
+def _set_path(tree: dict, path: tuple[str, ...], value: Any) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def _get_path(tree: Mapping, path: tuple[str, ...]) -> Any:
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+# ---------------------------------------------------------------------------
+# Loading
+
+
+def _tensor_files(path: str) -> dict[str, str]:
+  """HF tensor name -> safetensors file name (relative to `path`)."""
+  index_path = os.path.join(path, INDEX_FILE)
+  single_path = os.path.join(path, SINGLE_FILE)
+  if os.path.exists(index_path):
+    with open(index_path) as f:
+      weight_map = json.load(f)["weight_map"]
+    for file in sorted(set(weight_map.values())):
+      if not os.path.exists(os.path.join(path, file)):
+        raise HFCheckpointError(f"{index_path} names {file}, which does not "
+                                f"exist")
+    return dict(weight_map)
+  if os.path.exists(single_path):
+    with safe_open(single_path, framework="numpy") as f:
+      return {name: SINGLE_FILE for name in f.keys()}
+  raise HFCheckpointError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} "
+                          f"found")
+
+
+class _Reader:
+  """Lazily opened safetensors files; reads one tensor at a time."""
+
+  def __init__(self, path: str, files: Mapping[str, str],
+               stack: contextlib.ExitStack):
+    self._path, self._files, self._stack = path, files, stack
+    self._open: dict[str, Any] = {}
+
+  def where(self, name: str) -> str:
+    return os.path.join(self._path, self._files[name])
+
+  def _handle(self, name: str) -> Any:
+    file = self._files[name]
+    if file not in self._open:
+      self._open[file] = self._stack.enter_context(
+          safe_open(os.path.join(self._path, file), framework="numpy"))
+    return self._open[file]
+
+  def read(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The tensor, after checking its shape (before reading its data)."""
+    handle = self._handle(name)
+    got = tuple(handle.get_slice(name).get_shape())
+    if got != shape:
+      raise HFCheckpointError(f"{self.where(name)}: tensor {name} has shape "
+                              f"{got}, expected {shape}")
+    return handle.get_tensor(name)
+
+
+def _check_names(entries: list[_Entry], files: Mapping[str, str], path: str,
+                 tied: bool) -> None:
+  expected = {n for e in entries for n in e.hf_names}
+  missing = sorted(expected - set(files))
+  if missing:
+    raise HFCheckpointError(
+        f"{path}: missing tensor(s) {missing[:5]}"
+        f"{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)")
+  allowed_extra = {"lm_head.weight"} if tied else set()
+  unexpected = sorted(n for n in set(files) - expected - allowed_extra
+                      if not n.endswith(_IGNORED_SUFFIXES))
+  if unexpected:
+    shown = [f"{n} (in {files[n]})" for n in unexpected[:5]]
+    raise HFCheckpointError(
+        f"{path}: unexpected tensor(s) {shown}"
+        f"{' ...' if len(unexpected) > 5 else ''} ({len(unexpected)} in all)")
+
+
+def _host_param(entry: _Entry, reader: _Reader, dtype: np.dtype
+                ) -> np.ndarray:
+  """One of our params on the host, assembled layer by layer."""
+  hf_shape = entry.layout.hf_shape(entry.slice_shape)
+  if not entry.stacked:
+    hf = reader.read(entry.hf_names[0], hf_shape)
+    return entry.layout.to_ours(hf, entry.slice_shape).astype(dtype)
+  out = np.empty(entry.shape, dtype)
+  for i, name in enumerate(entry.hf_names):
+    out[i] = entry.layout.to_ours(reader.read(name, hf_shape),
+                                  entry.slice_shape)
+  return out
+
+
+def _check_tied_head(reader: _Reader, files: Mapping[str, str],
+                     embed_VxD: np.ndarray) -> None:
+  """A tied checkpoint may still store lm_head.weight; it must equal embed."""
+  name = "lm_head.weight"
+  if name in files:
+    head = reader.read(name, embed_VxD.shape)
+    if not np.array_equal(head.astype(embed_VxD.dtype), embed_VxD):
+      raise HFCheckpointError(
+          f"{reader.where(name)}: tie_word_embeddings=true but {name} differs "
+          f"from model.embed_tokens.weight")
+
+
+def load_hf_checkpoint(path: str, *, sharder: Sharder | None = None,
+                       param_dtype: str | None = None
+                       ) -> tuple[ModelConfig, Params]:
+  """Reads a Qwen2 / Llama HF directory into (ModelConfig, params).
+
+  Args:
+    path: directory with config.json and model.safetensors (or sharded
+      safetensors with model.safetensors.index.json).
+    sharder: when given, every param is placed directly in its sharding (each
+      device receives only its shard); otherwise on the default device.
+    param_dtype: "float32" | "bfloat16" | "float16"; default float32 (which
+      holds bf16/fp16 checkpoints exactly).
+
+  Raises HFCheckpointError naming the tensor and file on missing, unexpected
+  or wrongly shaped tensors, and ShardingError naming a param that cannot be
+  sharded as the rules say.
+  """
+  config_path = os.path.join(path, CONFIG_FILE)
+  with open(config_path) as f:
+    cfg = config_from_hf(json.load(f), source=config_path)
+  if param_dtype is not None:
+    cfg = dataclasses.replace(cfg, param_dtype=param_dtype)
+  # Shardings first: a param that cannot divide fails before any reading.
+  shardings = param_shardings(cfg, sharder) if sharder is not None else None
+  entries = _entries(cfg)
+  files = _tensor_files(path)
+  _check_names(entries, files, path, cfg.tie_embeddings)
+  dtype = np.dtype(cfg.param_jnp_dtype)
+  params: Params = {}
+  with contextlib.ExitStack() as stack:
+    reader = _Reader(path, files, stack)
+    for entry in entries:
+      host = _host_param(entry, reader, dtype)
+      if entry.path == ("embed",) and cfg.tie_embeddings:
+        _check_tied_head(reader, files, host)
+      _set_path(params, entry.path, _place(host, entry, shardings))
+      del host
+  return cfg, params
+
+
+def _place(host: np.ndarray, entry: _Entry, shardings: Params | None
+           ) -> jax.Array:
+  if shardings is None:
+    return jax.device_put(host)
+  sharding = _get_path(shardings, entry.path)
+  return jax.make_array_from_callback(host.shape, sharding,
+                                      lambda index: host[index])
+
+
+# ---------------------------------------------------------------------------
+# Export
+
+
+def _check_params(params: Params, cfg: ModelConfig) -> None:
+  want = {e.path: e.shape for e in _entries(cfg)}
+  got = {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in
+         jax.tree_util.tree_flatten_with_path(params)[0]}
+  if set(got) != set(want):
+    raise HFCheckpointError(
+        f"export: params tree has {sorted(set(got) - set(want))} extra and "
+        f"{sorted(set(want) - set(got))} missing for this config")
+  for p, shape in want.items():
+    if got[p] != shape:
+      raise HFCheckpointError(f"export: params{list(p)} has shape {got[p]}, "
+                              f"config expects {shape}")
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+  """Gathers one (possibly sharded) array to this host."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
+def _plan_files(items: list[tuple[str, int]], max_shard_bytes: int | None
+                ) -> list[list[str]]:
+  """Greedy grouping of (name, nbytes) into files of <= max_shard_bytes."""
+  if max_shard_bytes is None:
+    return [[n for n, _ in items]]
+  groups: list[list[str]] = [[]]
+  size = 0
+  for name, nbytes in items:
+    if groups[-1] and size + nbytes > max_shard_bytes:
+      groups.append([])
+      size = 0
+    groups[-1].append(name)
+    size += nbytes
+  return groups
+
+
+def _hf_tensors(params: Params, entries: list[_Entry]
+                ) -> Iterator[tuple[str, np.ndarray]]:
+  """(HF name, array) in order, gathering one param at a time."""
+  for entry in entries:
+    host = _to_host(_get_path(params, entry.path))
+    if entry.stacked:
+      for i, name in enumerate(entry.hf_names):
+        yield name, entry.layout.to_hf(host[i])
+    else:
+      yield entry.hf_names[0], entry.layout.to_hf(host)
+    del host
+
+
+def export_hf_checkpoint(params: Params, cfg: ModelConfig, path: str, *,
+                         max_shard_bytes: int | None = None,
+                         architecture: str | None = None) -> None:
+  """Writes params as an HF directory `transformers` can load.
+
+  architecture: default Qwen2ForCausalLM when cfg.qkv_bias else
+  LlamaForCausalLM. Files larger than max_shard_bytes are split into
+  model-0000k-of-0000n.safetensors with model.safetensors.index.json. Tensors
+  keep the params' dtype. Host memory peaks around one file plus one param.
+  """
+  hf_config = config_to_hf(cfg, architecture)
+  _check_params(params, cfg)
+  entries = _entries(cfg)
+  items = []
+  for e in entries:
+    nbytes = math.prod(e.slice_shape) * np.dtype(
+        _get_path(params, e.path).dtype).itemsize
+    items.extend((n, nbytes) for n in e.hf_names)
+  groups = _plan_files(items, max_shard_bytes)
+  if jax.process_index() != 0:
+    # Other hosts take part in the gathers only.
+    for _ in _hf_tensors(params, entries):
+      pass
+    return
+  if os.path.isdir(path) and any(
+      f in (CONFIG_FILE, INDEX_FILE) or f.endswith(".safetensors")
+      for f in os.listdir(path)):
+    # Old shards or a stale index would mix with (or shadow) the new files.
+    raise HFCheckpointError(f"export: {path} already holds a checkpoint; "
+                            f"export to a new or empty directory")
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, CONFIG_FILE), "w") as f:
+    json.dump(hf_config, f, indent=2, sort_keys=True)
+  tensors = _hf_tensors(params, entries)
+  if len(groups) == 1:
+    file_names = [SINGLE_FILE]
+  else:
+    file_names = [f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
+                  for k in range(len(groups))]
+  weight_map, total = {}, 0
+  for file, group in zip(file_names, groups):
+    batch = {}
+    for expected in group:
+      name, array = next(tensors)
+      assert name == expected, (name, expected)  # same order as the plan
+      batch[name] = array
+      weight_map[name] = file
+      total += array.nbytes
+    save_file(batch, os.path.join(path, file), metadata={"format": "pt"})
+    del batch
+  if len(groups) > 1:
+    with open(os.path.join(path, INDEX_FILE), "w") as f:
+      json.dump({"metadata": {"total_size": total}, "weight_map": weight_map},
+                f, indent=2, sort_keys=True)

@@ -1,0 +1,77 @@
+"""The reward plug-in interface shared by every task.
+
+A reward function maps (problem record, response text) to a score and a
+correctness flag. The RL loop only ever calls `score_all`, which keeps one bad
+record or one buggy verifier from stopping a run: an exception scores 0 and is
+counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardResult:
+  """Outcome of scoring one response.
+
+  score: the task reward r(x, y) before length reward and penalties.
+  correct: whether the response solves the problem (drives the length reward,
+    success-rate statistics and pass@1).
+  error: a short message when scoring failed; the score is then 0.
+  info: optional details (extracted answer, failing test, ...), for logs only.
+  """
+
+  score: float
+  correct: bool
+  error: str | None = None
+  info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@runtime_checkable
+class RewardFn(Protocol):
+  """Scores one response to one problem record."""
+
+  def __call__(self, record: Mapping[str, Any], response: str) -> RewardResult:
+    ...
+
+
+@runtime_checkable
+class BatchRewardFn(RewardFn, Protocol):
+  """A reward that can score many responses at once (process pools, sandboxes)."""
+
+  def batch(self, records: Sequence[Mapping[str, Any]],
+            responses: Sequence[str]) -> list[RewardResult]:
+    ...
+
+
+def _failed(exc: BaseException) -> RewardResult:
+  return RewardResult(score=0.0, correct=False,
+                      error=f"{type(exc).__name__}: {exc}")
+
+
+def score_all(fn: RewardFn, records: Sequence[Mapping[str, Any]],
+              responses: Sequence[str]) -> list[RewardResult]:
+  """Scores every (record, response) pair; failures score 0 with `error` set.
+
+  Uses `fn.batch` when the reward provides it. If a batch call raises as a
+  whole, falls back to scoring one by one so only the guilty items score 0.
+  """
+  if len(records) != len(responses):
+    raise ValueError(f"score_all: {len(records)} records but "
+                     f"{len(responses)} responses")
+  if isinstance(fn, BatchRewardFn):
+    try:
+      results = list(fn.batch(records, responses))
+      if len(results) == len(records):
+        return results
+    except Exception:  # noqa: BLE001 - fall through to per-item scoring
+      pass
+  out = []
+  for record, response in zip(records, responses):
+    try:
+      out.append(fn(record, response))
+    except Exception as exc:  # noqa: BLE001 - a verifier bug must not stop RL
+      out.append(_failed(exc))
+  return out

@@ -1,0 +1,68 @@
+"""The RL section of an experiment config, typed and validated at start."""
+
+from __future__ import annotations
+
+import dataclasses
+
+_LOSSES = ("mirror_descent", "rest")
+_BASELINES = ("mean", "soft")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+  """Every field mirrors `config.rl.<field>`; errors name that key."""
+
+  iterations: int
+  prompts_per_iteration: int
+  samples_per_prompt: int
+  loss: str = "mirror_descent"
+  tau: float = 1.0
+  baseline: str = "mean"
+  learning_rate: float = 1e-6
+  grad_clip: float = 1.0
+  minibatch_prompts: int = 8
+  epochs: int = 1
+  reset_optimizer: bool = True
+  max_response_len: int = 1024
+  token_budget: int = 1024
+  max_wait_iterations: int = 4
+  train_on_old_segments: bool = False
+  length_reward_weight: float = 0.0
+  length_reward_warmup: int = 0
+  repeat_penalty: float = -1.0
+  train_len_buckets: tuple[int, ...] = ()
+  eval_every: int = 10
+  eval_samples: int = 4
+
+  def __post_init__(self):
+    def bad(key, msg):
+      raise ValueError(f"config.rl.{key}: {msg}")
+
+    for key in ("iterations", "prompts_per_iteration", "samples_per_prompt",
+                "minibatch_prompts", "epochs", "max_response_len",
+                "token_budget", "eval_samples"):
+      if getattr(self, key) <= 0:
+        bad(key, f"must be positive, got {getattr(self, key)}")
+    if self.loss not in _LOSSES:
+      bad("loss", f"must be one of {_LOSSES}, got {self.loss!r}")
+    if self.baseline not in _BASELINES:
+      bad("baseline", f"must be one of {_BASELINES}, got {self.baseline!r}")
+    if not self.tau > 0:
+      bad("tau", f"must be > 0, got {self.tau}")
+    if self.loss == "mirror_descent" and self.samples_per_prompt < 2:
+      bad("samples_per_prompt", "must be >= 2: the mean-reward baseline of a "
+          "single response equals its reward, so every advantage would be 0")
+    if self.token_budget > self.max_response_len:
+      bad("token_budget", f"({self.token_budget}) is larger than "
+          f"rl.max_response_len ({self.max_response_len})")
+    if self.minibatch_prompts > self.prompts_per_iteration:
+      bad("minibatch_prompts", f"({self.minibatch_prompts}) is larger than "
+          f"rl.prompts_per_iteration ({self.prompts_per_iteration})")
+    if self.max_wait_iterations < 0:
+      bad("max_wait_iterations", "must be >= 0")
+    if self.length_reward_warmup < 0 or self.length_reward_weight < 0:
+      bad("length_reward_weight", "weight and warmup must be >= 0")
+    if list(self.train_len_buckets) != sorted(set(self.train_len_buckets)):
+      bad("train_len_buckets", "must be strictly increasing")
+    if self.eval_every < 0:
+      bad("eval_every", "must be >= 0 (0 disables periodic evaluation)")

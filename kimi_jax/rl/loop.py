@@ -1,0 +1,293 @@
+"""The iterative synchronous RL loop (report sections 2.3 and 2.6).
+
+One iteration:
+  1. hand the trainer's params to the sampler (same arrays when shardings
+     agree);
+  2. top up the replay buffer with new prompts (K responses each) so that
+     about `prompts_per_iteration` groups are in flight, then continue every
+     unfinished response for at most `token_budget` tokens (partial rollouts);
+  3. score every group whose K responses have all finished: task reward,
+     length reward (weight 0 during warm-up), repeat penalty;
+  4. reset the optimizer, compute the reference log-probs under the current
+     policy, and take gradient steps over minibatches of those groups;
+  5. update prompt success rates, write metrics, checkpoint everything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from kimi_jax import metrics as metrics_lib
+from kimi_jax import train_step as ts
+from kimi_jax.rewards.base import score_all
+from kimi_jax.rl import batching, length_reward, prompt_sampling
+from kimi_jax.rl import replay_buffer, rollout, trainer
+
+RL_PANELS = (
+    ("reward", ("reward", "task_reward")),
+    ("accuracy", ("accuracy",)),
+    ("response length (tokens)", ("length_mean", "length_p95")),
+    ("partial rollouts", ("frac_partial", "frac_budget_stopped")),
+    ("length-reward weight", ("length_reward_weight",)),
+    ("loss", ("loss",)),
+    ("grad norm", ("grad_norm",)),
+    ("tokens/s", ("rollout_tokens_per_s", "train_tokens_per_s")),
+    ("handoff seconds", ("handoff_s",)),
+)
+EVAL_PANELS = (("held-out", ("pass_at_1", "greedy_accuracy")),
+               ("held-out response length", ("mean_length",)))
+
+
+def _p95(x) -> float:
+  return float(np.percentile(x, 95)) if len(x) else 0.0
+
+
+class RLLoop:
+  """Owns the RL-stage state; `run(params)` goes to the last iteration."""
+
+  def __init__(self, setup, host: dict):
+    self.s = setup
+    cfg = setup.cfg
+    self.rl = cfg.rl
+    self.host = dict(host)
+    self.buffer = replay_buffer.RolloutBuffer(
+        group_size=self.rl.samples_per_prompt,
+        max_wait_iterations=self.rl.max_wait_iterations)
+    if "buffer" in host:
+      self.buffer.load_state_dict(host["buffer"])
+    self.prompts = prompt_sampling.PromptSampler(setup.task.train,
+                                                 cfg.prompt_sampling)
+    if "prompt_sampler" in host:
+      self.prompts.load_state_dict(host["prompt_sampler"])
+    self.ledger = dict(host.get("ledger", {"trained_groups": [],
+                                           "trained_responses": 0}))
+    self._encoded: dict[int, list[int]] = {}
+    self._steps: dict[tuple, Any] = {}
+    self._counters: list[ts.TraceCounter] = []
+    self._reset_opt = ts.make_reset_optimizer(setup.optimizer_rl,
+                                              setup.shardings)
+    self._seq_logp = trainer.make_seq_logp_fn(cfg.model, setup.sharder)
+    lens = self.rl.train_len_buckets or (cfg.engine.cache_len,)
+    self.len_buckets = tuple(lens)
+
+  # ---- helpers ---------------------------------------------------------------
+
+  def prompt_ids(self, index: int) -> list[int]:
+    if index not in self._encoded:
+      self._encoded[index] = self.s.task.encode_prompt(
+          self.s.task.train[index])
+    return self._encoded[index]
+
+  def step_fn(self, batch: dict[str, np.ndarray]):
+    """The jitted train step for this batch shape (one compile per shape)."""
+    key = tuple(sorted((k, v.shape) for k, v in batch.items()))
+    if key not in self._steps:
+      sh = ts.batch_shardings(self.s.sharder,
+                              {k: v.shape for k, v in batch.items()})
+      loss_fn = lambda p, b: trainer.policy_loss(
+          p, b, cfg=self.s.cfg.model, rl=self.rl, sharder=self.s.sharder)
+      fn, counter = ts.jit_train_step(loss_fn, self.s.optimizer_rl,
+                                      self.s.shardings, sh)
+      self._steps[key] = fn
+      self._counters.append(counter)
+    return self._steps[key]
+
+  def compile_counts(self) -> dict[str, int]:
+    out = {"train_step": sum(c.count for c in self._counters)}
+    out.update({f"sampler_{k}": v
+                for k, v in self.s.engine.compile_count().items()})
+    return out
+
+  # ---- one iteration -----------------------------------------------------------
+
+  def rollout_phase(self, it: int, params) -> tuple[list, dict]:
+    s, rl = self.s, self.rl
+    handoff = s.engine.load_params(params)
+    n_new = max(0, rl.prompts_per_iteration - len(self.buffer))
+    rng = np.random.default_rng([s.cfg.seed, it])
+    for index in self.prompts.sample(it, n_new, rng):
+      self.buffer.new_group(index)
+    pending = self.buffer.pending()
+    requests = rollout.continue_requests(
+        pending, [self.prompt_ids(t.prompt_index) for t in pending],
+        seed=s.cfg.seed, iteration=it, settings=s.cfg.sampling,
+        stop_tokens=(s.tokenizer.eos_id,),
+        max_response_len=rl.max_response_len, token_budget=rl.token_budget)
+    t0 = time.perf_counter()
+    results = s.sampler.generate(requests)
+    rollout_s = time.perf_counter() - t0
+    counts = rollout.record_results(self.buffer, results, version=it)
+    generated = sum(len(r.tokens) for r in results)
+    stats = {
+        "handoff_s": handoff.seconds, "handoff_shared": float(
+            handoff.kind == "shared"),
+        "rollout_s": rollout_s,
+        "rollout_tokens_per_s": generated / max(rollout_s, 1e-9),
+        "generated_tokens": generated, "new_prompts": n_new,
+        "requests": len(requests),
+        "frac_budget_stopped": counts["budget"] / max(len(results), 1),
+        "repeat_stops": counts["repeat"],
+    }
+    return self.buffer.complete_groups(), stats
+
+  def score(self, it: int, groups: list) -> tuple[dict, dict]:
+    """Rewards of every response in every completed group, P x K."""
+    s, rl = self.s, self.rl
+    trajs = [t for g in groups for t in g.trajectories]
+    records = [s.task.train[g.prompt_index] for g in groups
+               for _ in g.trajectories]
+    texts = [rollout.response_text(t.tokens, s.tokenizer) for t in trajs]
+    scored = score_all(s.task.reward, records, texts)
+    P, K = len(groups), rl.samples_per_prompt
+    task_r = np.array([x.score for x in scored], np.float32).reshape(P, K)
+    correct = np.array([x.correct for x in scored], bool).reshape(P, K)
+    lengths = np.array([t.length for t in trajs], np.int32).reshape(P, K)
+    repeat = np.array([t.finish_reason == "repeat" for t in trajs],
+                      bool).reshape(P, K)
+    weight = length_reward.length_reward_weight(
+        it, weight=rl.length_reward_weight,
+        warmup_iterations=rl.length_reward_warmup)
+    len_r = np.asarray(length_reward.length_reward(lengths, correct))
+    total = task_r + weight * len_r + rl.repeat_penalty * repeat
+    partial = np.array([len(t.segments) > 1 for t in trajs])
+    stats = {
+        "reward": float(total.mean()), "task_reward": float(task_r.mean()),
+        "accuracy": float(correct.mean()),
+        "length_mean": float(lengths.mean()), "length_p95": _p95(lengths),
+        "length_reward_mean": float(len_r.mean()),
+        "length_reward_weight": float(weight),
+        "frac_partial": float(partial.mean()),
+        "repeat_responses": int(repeat.sum()),
+        "reward_errors": sum(x.error is not None for x in scored),
+        "groups_trained": P,
+    }
+    return {"reward": total, "correct": correct}, stats
+
+  def train_phase(self, it: int, state: ts.TrainState, groups: list,
+                  scores: dict) -> tuple[ts.TrainState, dict]:
+    s, rl = self.s, self.rl
+    arrays = batching.group_arrays(
+        groups, [self.prompt_ids(g.prompt_index) for g in groups],
+        version=it, train_on_old_segments=rl.train_on_old_segments,
+        len_buckets=self.len_buckets, pad_id=s.tokenizer.pad_id,
+        pad_prompts_to=rl.minibatch_prompts)
+    P = arrays["valid"].shape[0]
+    pad = P - len(groups)
+    arrays["reward"] = np.pad(scores["reward"], ((0, pad), (0, 0)))
+    arrays["correct"] = np.pad(scores["correct"], ((0, pad), (0, 0)))
+    mbs = batching.minibatches(arrays, rl.minibatch_prompts)
+    if rl.reset_optimizer:
+      state = state.replace(opt_state=self._reset_opt(state.params))
+    # The reference pi_theta_i: the policy before this iteration's updates.
+    for mb in mbs:
+      mb["ref_seq_logp"] = np.asarray(self._seq_logp(state.params, mb))
+    mismatch = float(np.mean(np.abs(
+        np.concatenate([mb["ref_seq_logp"] - mb["sampler_seq_logp"]
+                        for mb in mbs])[:len(groups)])))
+    t0 = time.perf_counter()
+    history = []
+    n_tokens = 0
+    for _ in range(rl.epochs):
+      for mb in mbs:
+        batch = {k: v for k, v in mb.items()
+                 if k not in ("lengths", "sampler_seq_logp")}
+        state, m = self.step_fn(batch)(state, batch)
+        m = jax.device_get(m)
+        if not m["finite"]:
+          raise ts.NonFiniteError(
+              f"RL iteration {it}: loss={m['loss']} grad_norm="
+              f"{m['grad_norm']} is not finite; the update was not applied "
+              "and the last good checkpoint is kept")
+        history.append(m)
+        n_tokens += int(mb["segment_ids"].astype(bool).sum())
+    train_s = time.perf_counter() - t0
+    stats = {k: float(np.mean([h[k] for h in history]))
+             for k in ("loss", "grad_norm", "update_norm", "param_norm")}
+    stats.update(train_s=train_s, train_tokens_per_s=n_tokens / max(
+        train_s, 1e-9), logp_mismatch=mismatch, train_len=arrays[
+            "tokens"].shape[-1])
+    return state, stats
+
+  # ---- the loop -------------------------------------------------------------------
+
+  def host_state(self, iteration: int) -> dict:
+    return dict(self.host, stage="rl", iteration=iteration,
+                buffer=self.buffer.state_dict(),
+                prompt_sampler=self.prompts.state_dict(), ledger=self.ledger)
+
+  def evaluate(self, it: int, params) -> dict:
+    from kimi_jax.run import evaluate
+    res = dataclasses.asdict(evaluate(self.s, params, seed_offset=1))
+    self.s.metrics.write(it, "eval", res)
+    self.host["last_eval"] = res
+    return res
+
+  def run(self, params) -> dict:
+    from kimi_jax.run import _progress, _log, _rl_step
+    s, rl = self.s, self.rl
+    state = ts.create_state(params, s.optimizer_rl, s.shardings)
+    start = int(self.host.get("iteration", 0))
+    bar = _progress(range(start, rl.iterations), rl.iterations, "RL",
+                    s.cfg.progress, start)
+    for it in bar:
+      t_iter = time.perf_counter()
+      groups, roll = self.rollout_phase(it, state.params)
+      row = dict(roll)
+      if groups:
+        scores, score_stats = self.score(it, groups)
+        state, train_stats = self.train_phase(it, state, groups, scores)
+        self.prompts.update([g.prompt_index for g in groups],
+                            list(scores["correct"].mean(axis=1)))
+        self.ledger["trained_groups"] = self.ledger["trained_groups"] + [
+            g.group_id for g in groups]
+        self.ledger["trained_responses"] += len(groups) * len(
+            groups[0].trajectories)
+        row.update(score_stats, **train_stats)
+      row.update(in_flight_groups=len(self.buffer),
+                 iteration_s=time.perf_counter() - t_iter,
+                 **{f"compiles_{k}": v for k, v in
+                    self.compile_counts().items()})
+      if rl.eval_every and (it + 1) % rl.eval_every == 0 and (
+          it + 1) < rl.iterations:
+        self.evaluate(it + 1, state.params)
+      s.metrics.write(it + 1, "rl", row)
+      if hasattr(bar, "set_postfix"):
+        bar.set_postfix(acc=f"{row.get('accuracy', float('nan')):.2f}",
+                        len=f"{row.get('length_mean', 0):.1f}")
+      if (it + 1) % s.cfg.checkpoint_every == 0 or it + 1 == rl.iterations:
+        s.checkpointer.save(_rl_step(s.cfg, it + 1), params=state.params,
+                            opt_state=state.opt_state,
+                            host=self.host_state(it + 1))
+    final = self.evaluate(rl.iterations, state.params)
+    summary = {"warmstart_eval": self.host.get("warmstart_eval"),
+               "final_eval": final, "compiles": self.compile_counts(),
+               "ledger_groups": len(self.ledger["trained_groups"]),
+               "iterations": rl.iterations}
+    _log(f"final held-out pass@1 {final['pass_at_1']:.3f} (greedy "
+         f"{final['greedy_accuracy']:.3f}); compilations: "
+         f"{self.compile_counts()}")
+    if jax.process_index() == 0:
+      with open(os.path.join(s.workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+      if s.cfg.plots:
+        self.plot()
+    return summary
+
+  def plot(self) -> None:
+    records = metrics_lib.read_jsonl(self.s.metrics.path)
+    metrics_lib.plot_curves(records, "rl", RL_PANELS,
+                            os.path.join(self.s.workdir, "rl_curves.png"),
+                            "Kimi k1.5 RL")
+    metrics_lib.plot_curves(records, "eval", EVAL_PANELS,
+                            os.path.join(self.s.workdir, "eval_curves.png"),
+                            "held-out evaluation")
+    metrics_lib.plot_curves(records, "sft", (("loss", ("loss",)),),
+                            os.path.join(self.s.workdir, "sft_curves.png"),
+                            "warm start")

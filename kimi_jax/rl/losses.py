@@ -1,0 +1,151 @@
+"""Policy losses of Kimi k1.5: online policy mirror descent and ReST.
+
+Layout: P prompts, K sampled responses per prompt (one group per prompt), T
+response token slots. `token_logp_PxKxT[p, j, t]` is log pi_theta of the t-th
+token slot of response j of prompt p, computed by the caller from the logits
+of the current parameters; `mask_PxKxT` is 1 on the tokens that enter the
+loss (response tokens of the current policy, see `docs/rl.md`) and 0 on
+padding, prompt tokens and excluded segments. All functions are pure and
+jittable; `kind` / `baseline` strings are static.
+
+The sequence log-probability used throughout is
+
+  log pi(y_j | x) = sum_t mask[j, t] * token_logp[j, t].
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+BaselineKind = Literal["mean", "soft"]
+_BASELINES = ("mean", "soft")
+
+
+def sequence_logp(token_logp_PxKxT: jax.Array, mask_PxKxT: jax.Array
+                  ) -> jax.Array:
+  """log pi(y|x) = sum_t mask_t * logp_t, in float32; returns PxK.
+
+  Masked slots are selected away (not multiplied by 0), so a -inf log-prob on
+  a padded slot cannot turn the sum into NaN.
+  """
+  logp = jnp.where(mask_PxKxT.astype(bool),
+                   token_logp_PxKxT.astype(jnp.float32), 0.0)
+  return jnp.sum(logp, axis=-1)
+
+
+def baseline(reward_PxK: jax.Array, *, tau: float,
+             kind: BaselineKind = "mean") -> jax.Array:
+  """Per-prompt baseline r_bar of eq. 3; returns P (float32).
+
+  mean: r_bar = (1/K) sum_j r_j.
+  soft: r_bar = tau * log((1/K) sum_j exp(r_j / tau))
+              = tau * (logsumexp_j(r_j / tau) - log K),
+        the sample estimate of tau * log Z; computed with logsumexp so large
+        r / tau does not overflow. It lies between the mean and the max of
+        the rewards and tends to the mean as tau -> inf.
+  """
+  if kind not in _BASELINES:
+    raise ValueError(f"baseline kind must be one of {_BASELINES}, got "
+                     f"{kind!r}")
+  r = reward_PxK.astype(jnp.float32)
+  if kind == "mean":
+    return jnp.mean(r, axis=-1)
+  k = r.shape[-1]
+  return tau * (jax.nn.logsumexp(r / tau, axis=-1) - jnp.log(jnp.float32(k)))
+
+
+def mirror_descent_loss(token_logp_PxKxT: jax.Array,
+                        ref_seq_logp_PxK: jax.Array,
+                        mask_PxKxT: jax.Array,
+                        reward_PxK: jax.Array,
+                        *,
+                        tau: float,
+                        baseline_kind: BaselineKind = "mean",
+                        ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Surrogate loss whose negative gradient is eq. 3 of the report.
+
+  For prompt p with responses y_1..y_K sampled from the reference pi_theta_i,
+  with s_j = log pi_theta(y_j|x) (masked sum, differentiable) and
+  ref_j = log pi_theta_i(y_j|x) (a constant, same mask):
+
+    A_j  = r_j - r_bar                      (r_bar from `baseline`)
+    L_p  = -(1/K) sum_j [ s_j * A_j - (tau/2) * (s_j - ref_j)^2 ]
+    loss = (1/P) sum_p L_p
+
+  so -grad(loss) = (1/P) sum_p (1/K) sum_j [ grad s_j * A_j
+                     - (tau/2) grad (s_j - ref_j)^2 ],   exactly eq. 3.
+
+  The advantage carries no gradient (rewards do not depend on theta). At
+  theta = theta_i the penalty's gradient is zero; it grows as the minibatch
+  updates within an iteration move theta away from the reference.
+
+  Args:
+    token_logp_PxKxT: log pi_theta of each response token slot.
+    ref_seq_logp_PxK: log pi_theta_i(y|x) over the same mask, precomputed.
+    mask_PxKxT: 1 where the token enters the loss.
+    reward_PxK: total reward per response (task reward plus any weighted
+      length reward / penalties).
+    tau: regularisation strength, > 0 (a Python float).
+    baseline_kind: "mean" (default) or "soft" (tau log-mean-exp).
+
+  Returns:
+    (loss scalar, metrics) with metrics: reward_mean, baseline_mean,
+    advantage_mean, advantage_abs_mean, seq_logp_mean, log_ratio_mean,
+    log_ratio_sq_mean, pg_term (-(1/PK) sum s*A), penalty_term
+    ((tau/2PK) sum (s-ref)^2), n_tokens.
+  """
+  if not tau > 0:
+    raise ValueError(f"tau must be > 0, got {tau}")
+  seq_logp_PxK = sequence_logp(token_logp_PxKxT, mask_PxKxT)
+  reward = reward_PxK.astype(jnp.float32)
+  r_bar_P = baseline(reward, tau=tau, kind=baseline_kind)
+  adv_PxK = jax.lax.stop_gradient(reward - r_bar_P[:, None])
+  log_ratio_PxK = seq_logp_PxK - jax.lax.stop_gradient(
+      ref_seq_logp_PxK.astype(jnp.float32))
+  pg_term = -jnp.mean(seq_logp_PxK * adv_PxK)
+  penalty_term = 0.5 * tau * jnp.mean(log_ratio_PxK ** 2)
+  # Mean over K then over P equals the mean over all P*K responses.
+  loss = pg_term + penalty_term
+  metrics = {
+      "reward_mean": jnp.mean(reward),
+      "baseline_mean": jnp.mean(r_bar_P),
+      "advantage_mean": jnp.mean(adv_PxK),
+      "advantage_abs_mean": jnp.mean(jnp.abs(adv_PxK)),
+      "seq_logp_mean": jnp.mean(seq_logp_PxK),
+      "log_ratio_mean": jnp.mean(log_ratio_PxK),
+      "log_ratio_sq_mean": jnp.mean(log_ratio_PxK ** 2),
+      "pg_term": pg_term,
+      "penalty_term": penalty_term,
+      "n_tokens": jnp.sum(mask_PxKxT.astype(jnp.float32)),
+  }
+  return loss, metrics
+
+
+def rest_loss(token_logp_PxKxT: jax.Array, mask_PxKxT: jax.Array,
+              correct_PxK: jax.Array
+              ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """ReST: supervised fit of the correct responses only.
+
+    w[p, j, t] = mask[p, j, t] * correct[p, j]
+    loss = -sum(w * token_logp) / max(sum(w), 1)
+
+  i.e. the mean negative log-likelihood per token of correct responses.
+  Incorrect responses get no (negative) gradient at all; with no correct
+  response in the batch the loss and its gradient are exactly zero.
+
+  Returns (loss scalar, metrics) with metrics: n_correct, n_tokens, nll.
+  """
+  weight_PxKxT = (mask_PxKxT.astype(bool) &
+                  correct_PxK.astype(bool)[:, :, None])
+  logp = jnp.where(weight_PxKxT, token_logp_PxKxT.astype(jnp.float32), 0.0)
+  n_tokens = jnp.sum(weight_PxKxT.astype(jnp.float32))
+  loss = -jnp.sum(logp) / jnp.maximum(n_tokens, 1.0)
+  metrics = {
+      "n_correct": jnp.sum(correct_PxK.astype(jnp.float32)),
+      "n_tokens": n_tokens,
+      "nll": loss,
+  }
+  return loss, metrics

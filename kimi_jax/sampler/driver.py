@@ -1,0 +1,296 @@
+"""Continuous batching: a host loop that keeps every engine slot busy.
+
+Requests are validated up front: if any is bad, `SampleRequestError` lists
+every bad (request id, field) and nothing runs; the good requests are left
+untouched, to be resubmitted without the bad ones.
+
+Lengths, for a request with prefix P (already generated earlier) that now
+generates the tokens G:
+  - the response is P + G; `max_new_tokens` bounds len(P + G)  -> "length";
+  - `budget` bounds len(G), the tokens generated in this call  -> "budget"
+    (a partial rollout: continue it later with `continuation`);
+  - a stop token ends the response and is kept as its last token -> "stop";
+  - a loop caught by the repeat detector on P + G              -> "repeat".
+When several hold at the same token the first in the list above wins, with
+"repeat" before "budget" (a looping response is not worth continuing).
+
+`SampleResult.tokens` are G only; `logprobs` are log pi_theta of each token
+of G under the untempered model (see `sampling`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import sys
+import time
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from kimi_jax.sampler.engine import Engine
+from kimi_jax.sampler.repetition import RepeatConfig, repeating, tails
+from kimi_jax.sampler.sampling import SamplingParams
+
+FINISH_REASONS = ("stop", "length", "repeat", "budget")
+_STOP, _LENGTH, _REPEAT, _BUDGET = 1, 2, 3, 4  # 0: still running
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleRequest:
+  """One response to generate (or to continue, when `prefix` is given)."""
+
+  id: Hashable
+  prompt: tuple[int, ...]
+  _: dataclasses.KW_ONLY
+  max_new_tokens: int
+  prefix: tuple[int, ...] = ()
+  sampling: SamplingParams = SamplingParams()
+  stop_tokens: tuple[int, ...] = ()
+  budget: int | None = None
+
+  def __post_init__(self):
+    # Lists are accepted for convenience; stored as tuples (hashable, frozen).
+    for field in ("prompt", "prefix", "stop_tokens"):
+      object.__setattr__(self, field, tuple(getattr(self, field)))
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleResult:
+  """tokens/logprobs: generated in this call; finish_reason in
+  FINISH_REASONS."""
+
+  id: Hashable
+  tokens: tuple[int, ...]
+  logprobs: tuple[float, ...]
+  finish_reason: str
+
+
+def continuation(request: SampleRequest, result: SampleResult,
+                 budget: int | None = None) -> SampleRequest:
+  """The request that continues a budget-stopped result (new budget)."""
+  if result.finish_reason != "budget":
+    raise ValueError(f"request {request.id!r}: only a 'budget' result can be "
+                     f"continued, this one finished with "
+                     f"{result.finish_reason!r}")
+  return dataclasses.replace(request, prefix=request.prefix + result.tokens,
+                             budget=budget)
+
+
+class SampleRequestError(ValueError):
+  """Bad requests; `problems` holds (request id, field, message) triples."""
+
+  def __init__(self, problems: Sequence[tuple[Hashable, str, str]]):
+    self.problems = tuple(problems)
+    lines = [f"  request {rid!r}: {field}: {msg}"
+             for rid, field, msg in self.problems]
+    super().__init__(f"{len({p[0] for p in self.problems})} invalid sample "
+                     f"request(s), nothing was run:\n" + "\n".join(lines))
+
+
+def request_problems(req: SampleRequest, engine: Engine
+                     ) -> list[tuple[str, str]]:
+  """(field, message) for everything wrong with one request."""
+  out: list[tuple[str, str]] = []
+  vocab = engine.cfg.vocab_size
+  for field in ("prompt", "prefix", "stop_tokens"):
+    ids = getattr(req, field)
+    if any(not isinstance(t, (int, np.integer)) or not 0 <= t < vocab
+           for t in ids):
+      out.append((field, f"token ids must be integers in [0, {vocab})"))
+  if len(req.prompt) == 0:
+    out.append(("prompt", "is empty"))
+  n_in = len(req.prompt) + len(req.prefix)
+  if n_in > engine.max_prefill_len:
+    out.append(("prompt", f"prompt + prefix is {n_in} tokens, longer than "
+                          f"the largest prefill bucket "
+                          f"{engine.max_prefill_len} (cache {engine.cache_len})"))
+  m = req.max_new_tokens
+  if not isinstance(m, (int, np.integer)) or m < 1:
+    out.append(("max_new_tokens", f"must be an integer >= 1, got {m!r}"))
+  else:
+    if len(req.prefix) >= m:
+      out.append(("prefix", f"already {len(req.prefix)} tokens, nothing left "
+                            f"under max_new_tokens={m}"))
+    if len(req.prompt) + m > engine.cache_len:
+      out.append(("max_new_tokens", f"prompt ({len(req.prompt)}) + "
+                                    f"max_new_tokens ({m}) exceed the cache "
+                                    f"length {engine.cache_len}"))
+  b = req.budget
+  if b is not None:
+    if not isinstance(b, (int, np.integer)) or b < 1:
+      out.append(("budget", f"must be None or an integer >= 1, got {b!r}"))
+    elif isinstance(m, (int, np.integer)) and b > m:
+      out.append(("budget", f"{b} is larger than max_new_tokens={m}"))
+  out += [(f"sampling.{f}", msg) for f, msg in req.sampling.errors()]
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerStats:
+  """Of one `generate` call. slot_utilisation = kept decode tokens / (decode
+  steps x slots)."""
+
+  requests: int
+  tokens_generated: int
+  prefill_tokens: int
+  decode_steps: int
+  generate_calls: int
+  slot_utilisation: float
+  wall_seconds: float
+
+  @property
+  def tokens_per_second(self) -> float:
+    return self.tokens_generated / max(self.wall_seconds, 1e-9)
+
+
+class _Slots:
+  """Host bookkeeping of every slot, as numpy arrays."""
+
+  def __init__(self, n_slots: int, width: int, n_stop: int):
+    self.request = np.full((n_slots,), -1, np.int64)  # -1: free
+    self.response = np.zeros((n_slots, width), np.int64)  # prefix + new
+    self.logprobs = np.zeros((n_slots, width), np.float32)
+    self.n_prefix = np.zeros((n_slots,), np.int64)
+    self.n_new = np.zeros((n_slots,), np.int64)
+    self.stop = np.full((n_slots, n_stop), -1, np.int64)
+    self.max_new = np.zeros((n_slots,), np.int64)
+    self.budget = np.zeros((n_slots,), np.int64)
+
+  def admit(self, slot: int, index: int, req: SampleRequest) -> None:
+    self.request[slot] = index
+    self.n_prefix[slot] = len(req.prefix)
+    self.n_new[slot] = 0
+    self.response[slot, :len(req.prefix)] = req.prefix
+    self.stop[slot] = -1
+    self.stop[slot, :len(req.stop_tokens)] = req.stop_tokens
+    self.max_new[slot] = req.max_new_tokens
+    self.budget[slot] = (req.max_new_tokens if req.budget is None else
+                         req.budget)
+
+  def append(self, slots: np.ndarray, tokens: np.ndarray,
+             logprobs: np.ndarray, repeat: RepeatConfig) -> np.ndarray:
+    """Adds one token to each of `slots`; returns their finish codes."""
+    total = self.n_prefix[slots] + self.n_new[slots]
+    self.response[slots, total] = tokens
+    self.logprobs[slots, total] = logprobs
+    self.n_new[slots] += 1
+    total = total + 1
+    code = np.zeros(len(slots), np.int64)
+    if repeat.enabled:
+      tail = tails(self.response[slots], total, repeat.window)
+      code = np.where(repeating(tail, total, repeat), _REPEAT, code)
+    code = np.where((code == 0) & (self.n_new[slots] >= self.budget[slots]),
+                    _BUDGET, code)
+    code = np.where(total >= self.max_new[slots], _LENGTH, code)
+    is_stop = np.any(self.stop[slots] == tokens[:, None], axis=1)
+    return np.where(is_stop, _STOP, code)
+
+  def result(self, slot: int, req: SampleRequest, code: int) -> SampleResult:
+    lo, hi = self.n_prefix[slot], self.n_prefix[slot] + self.n_new[slot]
+    return SampleResult(
+        id=req.id, tokens=tuple(int(t) for t in self.response[slot, lo:hi]),
+        logprobs=tuple(float(x) for x in self.logprobs[slot, lo:hi]),
+        finish_reason=FINISH_REASONS[code - 1])
+
+
+class Sampler:
+  """Runs requests through an engine with continuous batching.
+
+  steps_per_call: decode steps per jitted call (host round trip). More steps
+  cut host overhead; a slot that stops mid-call wastes the rest of the call
+  and new requests wait for the call to end.
+  """
+
+  def __init__(self, engine: Engine, repeat: RepeatConfig = RepeatConfig(),
+               steps_per_call: int = 1):
+    if steps_per_call < 1:
+      raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}")
+    self.engine = engine
+    self.repeat = repeat
+    self.steps_per_call = steps_per_call
+    self.last_stats: SamplerStats | None = None
+
+  def validate(self, requests: Sequence[SampleRequest]) -> None:
+    problems = [(r.id, f, m) for r in requests
+                for f, m in request_problems(r, self.engine)]
+    if problems:
+      raise SampleRequestError(problems)
+
+  def generate(self, requests: Sequence[SampleRequest], progress: bool = False
+               ) -> list[SampleResult]:
+    """Results in the order of `requests`; stats in `last_stats`."""
+    self.validate(requests)
+    engine, params = self.engine, self.engine.params
+    if params is None:
+      raise ValueError("engine has no params: call engine.load_params first")
+    start = time.perf_counter()
+    n_slots = engine.max_concurrent_decodes
+    slots = _Slots(n_slots, engine.cache_len,
+                   max([len(r.stop_tokens) for r in requests] + [1]))
+    results: list[SampleResult | None] = [None] * len(requests)
+    pending = collections.deque(range(len(requests)))
+    state = engine.init_decode_state() if requests else None
+    steps = calls = kept = prefill_tokens = 0
+    last_report = start
+
+    while pending or (slots.request >= 0).any():
+      # Admit pending requests into free slots; a request may finish on the
+      # token its prefill sampled, leaving the slot free for the next one.
+      for slot in np.flatnonzero(slots.request < 0):
+        while pending and slots.request[slot] < 0:
+          i = pending.popleft()
+          req = requests[i]
+          prefix = engine.prefill(params, req.prompt + req.prefix,
+                                  req.sampling, len(req.prefix))
+          prefill_tokens += len(req.prompt) + len(req.prefix)
+          token, logprob = (np.asarray(prefix.token), np.asarray(
+              prefix.logprob))
+          slots.admit(slot, i, req)
+          code = slots.append(np.array([slot]), token[None], logprob[None],
+                              self.repeat)[0]
+          kept += 1
+          if code:
+            results[i] = slots.result(slot, req, code)
+            slots.request[slot] = -1
+          else:
+            state = engine.insert(prefix, state, int(slot))
+      if not (slots.request >= 0).any():
+        continue
+      state, tokens_NxB, logprobs_NxB = engine.generate(
+          params, state, self.steps_per_call)
+      tokens_NxB, logprobs_NxB = np.asarray(tokens_NxB), np.asarray(
+          logprobs_NxB)
+      calls += 1
+      for n in range(self.steps_per_call):
+        live = np.flatnonzero(slots.request >= 0)
+        if not len(live):
+          break
+        steps += 1
+        kept += len(live)
+        codes = slots.append(live, tokens_NxB[n, live], logprobs_NxB[n, live],
+                             self.repeat)
+        for slot, code in zip(live[codes > 0], codes[codes > 0]):
+          i = slots.request[slot]
+          results[i] = slots.result(slot, requests[i], code)
+          slots.request[slot] = -1
+          state = engine.free_resource(state, int(slot))
+      if progress and time.perf_counter() - last_report > 5:
+        last_report = time.perf_counter()
+        done = sum(r is not None for r in results)
+        print(f"sampler: {done}/{len(requests)} done, {kept} tokens, "
+              f"{kept / (last_report - start):.0f} tok/s", file=sys.stderr)
+
+    wall = time.perf_counter() - start
+    decode_kept = kept - sum(1 for _ in requests)
+    self.last_stats = SamplerStats(
+        requests=len(requests), tokens_generated=kept,
+        prefill_tokens=prefill_tokens, decode_steps=steps,
+        generate_calls=calls,
+        slot_utilisation=decode_kept / max(steps * n_slots, 1),
+        wall_seconds=wall)
+    if progress:
+      print(f"sampler: {len(requests)} requests, {kept} tokens in "
+            f"{wall:.2f}s ({self.last_stats.tokens_per_second:.0f} tok/s)",
+            file=sys.stderr)
+    return results  # type: ignore[return-value]

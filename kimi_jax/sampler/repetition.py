@@ -1,0 +1,73 @@
+"""Detecting a response stuck in a loop, on the host, for all slots at once.
+
+A response is caught when its tail is one block of p tokens repeated `times`
+times in a row, for some p in 1..ngram: with n = len(response),
+
+  response[n - p*times + j] == response[n - p*times + j + p]
+      for all 0 <= j < p*(times - 1).
+
+The check runs after every new token, so a loop is caught at the first token
+that completes its `times`-th copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class RepeatConfig:
+  """ngram: the longest repeated block looked for; times: copies needed."""
+
+  ngram: int = 3
+  times: int = 4
+  enabled: bool = True
+
+  def __post_init__(self):
+    if self.ngram < 1:
+      raise ValueError(f"repeat.ngram must be >= 1, got {self.ngram}")
+    if self.times < 2:
+      raise ValueError(f"repeat.times must be >= 2, got {self.times}")
+
+  @property
+  def window(self) -> int:
+    """How many tail tokens the check looks at."""
+    return self.ngram * self.times
+
+
+def tails(responses_BxR: np.ndarray, lengths_B: np.ndarray, window: int
+          ) -> np.ndarray:
+  """The last `window` tokens of each row (rows shorter than it: -1 filled)."""
+  idx_BxW = lengths_B[:, None] - window + np.arange(window)[None, :]
+  picked = np.take_along_axis(responses_BxR, np.clip(idx_BxW, 0, None), axis=1)
+  return np.where(idx_BxW >= 0, picked, -1)
+
+
+def repeating(tail_BxW: np.ndarray, lengths_B: np.ndarray, cfg: RepeatConfig
+              ) -> np.ndarray:
+  """bool_B: whether each row's tail ends in a caught repetition.
+
+  tail_BxW holds the last W >= cfg.window tokens of each response (as given
+  by `tails`); lengths_B are the full response lengths.
+  """
+  caught_B = np.zeros(tail_BxW.shape[0], bool)
+  if not cfg.enabled:
+    return caught_B
+  for p in range(1, cfg.ngram + 1):
+    span = p * cfg.times
+    block_BxS = tail_BxW[:, tail_BxW.shape[1] - span:]
+    same_B = np.all(block_BxS[:, p:] == block_BxS[:, :-p], axis=1)
+    caught_B |= same_B & (lengths_B >= span)
+  return caught_B
+
+
+def is_repeating(response: list[int] | tuple[int, ...] | np.ndarray,
+                 cfg: RepeatConfig) -> bool:
+  """Single-sequence convenience form of `repeating`."""
+  row = np.asarray(response, np.int64)[None, :]
+  if row.shape[1] == 0 or not cfg.enabled:
+    return False
+  lengths = np.array([row.shape[1]])
+  return bool(repeating(tails(row, lengths, cfg.window), lengths, cfg)[0])

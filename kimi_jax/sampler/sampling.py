@@ -1,0 +1,152 @@
+"""Per-slot token sampling: greedy, temperature, top-k, top-p, seeded.
+
+Every slot carries its own settings as arrays, so one jitted call samples a
+whole batch of requests with different settings. The random key of the token
+at response index i of a request with seed s is fold_in(key(s), i): it does
+not depend on the slot, the batch or on how the response was split into
+partial rollouts.
+
+The returned log-probability is always that of the *untempered, untruncated*
+model distribution, log pi_theta(y_i | x, y_<i) = log_softmax(logits)[y_i],
+whatever the temperature / top-k / top-p used to draw y_i. With the RL default
+(temperature 1, top_k 0, top_p 1, not greedy) this is exactly the sampling
+distribution and equals the trainer's `token_logprobs`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_MAX_SEED = 2**32 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """How one request draws its tokens.
+
+  temperature: logits are divided by it before top-k / top-p; 0 means greedy.
+  top_k: keep the k most likely tokens (0: all).
+  top_p: keep the smallest set of most likely tokens whose probability
+    reaches top_p, after top-k (1: all).
+  greedy: argmax of the model logits (ignores the other settings and seed).
+  seed: the request's random seed, 0 <= seed < 2**32.
+
+  Construction never raises, so a bad value can be reported together with the
+  request id that carries it; `errors()` lists what is wrong.
+  """
+
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  greedy: bool = False
+  seed: int = 0
+
+  def errors(self) -> list[tuple[str, str]]:
+    """(field, message) for every invalid setting; empty when valid."""
+    out = []
+    t = self.temperature
+    if not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
+      out.append(("temperature", f"must be a finite number >= 0, got {t!r}"))
+    if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+      out.append(("top_k", f"must be an integer >= 0, got {self.top_k!r}"))
+    p = self.top_p
+    if not isinstance(p, (int, float)) or not 0 < p <= 1:
+      out.append(("top_p", f"must be in (0, 1], got {p!r}"))
+    if not isinstance(self.greedy, (bool, np.bool_)):
+      out.append(("greedy", f"must be a bool, got {self.greedy!r}"))
+    if (not isinstance(self.seed, (int, np.integer)) or
+        not 0 <= self.seed <= _MAX_SEED):
+      out.append(("seed", f"must be an integer in [0, 2**32), got "
+                          f"{self.seed!r}"))
+    return out
+
+  @property
+  def is_greedy(self) -> bool:
+    return bool(self.greedy) or self.temperature == 0
+
+
+class SlotSampling(NamedTuple):
+  """Sampling settings of B slots as arrays (B may be () for one request)."""
+
+  seed: jax.Array         # uint32
+  temperature: jax.Array  # float32, > 0 (1 for greedy slots)
+  top_k: jax.Array        # int32, 0 = off
+  top_p: jax.Array        # float32 in (0, 1]
+  greedy: jax.Array       # bool
+
+
+def slot_sampling(params: SamplingParams) -> SlotSampling:
+  """Host arrays (shape ()) for one request's settings."""
+  return SlotSampling(
+      seed=np.uint32(params.seed),
+      temperature=np.float32(1.0 if params.is_greedy else params.temperature),
+      top_k=np.int32(params.top_k),
+      top_p=np.float32(params.top_p),
+      greedy=np.bool_(params.is_greedy))
+
+
+def empty_slot_sampling(batch: int) -> SlotSampling:
+  return SlotSampling(
+      seed=jnp.zeros((batch,), jnp.uint32),
+      temperature=jnp.ones((batch,), jnp.float32),
+      top_k=jnp.zeros((batch,), jnp.int32),
+      top_p=jnp.ones((batch,), jnp.float32),
+      greedy=jnp.ones((batch,), bool))
+
+
+def token_uniforms(seed_B: jax.Array, index_B: jax.Array) -> jax.Array:
+  """u_b ~ U[0, 1) from key fold_in(key(seed_b), index_b): one per token."""
+  return jax.vmap(lambda s, i: jax.random.uniform(
+      jax.random.fold_in(jax.random.key(s), i)))(seed_B, index_B)
+
+
+def truncated_probs(logits_BxV: jax.Array, s: SlotSampling
+                    ) -> tuple[jax.Array, jax.Array]:
+  """Sampling distribution over tokens sorted by decreasing logit.
+
+  Returns (probs_BxV, order_BxV): order_BxV[b, r] is the token id of rank r,
+  probs_BxV[b, r] its probability after temperature, top-k and top-p:
+    q = softmax(logits / temperature) restricted to ranks r < k, renormalised;
+    top-p keeps rank r when q's mass of the ranks before r is below top_p
+    (so the most likely token always survives); renormalised again.
+  """
+  scaled_BxV = logits_BxV.astype(jnp.float32) / s.temperature[:, None]
+  sorted_BxV, order_BxV = jax.lax.top_k(scaled_BxV, logits_BxV.shape[-1])
+  V = logits_BxV.shape[-1]
+  rank_V = jnp.arange(V)
+  k_B = jnp.where(s.top_k > 0, s.top_k, V)
+  sorted_BxV = jnp.where(rank_V[None] < k_B[:, None], sorted_BxV, -jnp.inf)
+  q_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
+  mass_before_BxV = jnp.cumsum(q_BxV, axis=-1) - q_BxV
+  keep_BxV = (mass_before_BxV < s.top_p[:, None]) | (rank_V[None] == 0)
+  probs_BxV = jnp.where(keep_BxV, q_BxV, 0.0)
+  return probs_BxV / jnp.sum(probs_BxV, axis=-1, keepdims=True), order_BxV
+
+
+def sample_tokens(logits_BxV: jax.Array, s: SlotSampling, index_B: jax.Array
+                  ) -> tuple[jax.Array, jax.Array]:
+  """Draws one token per slot; returns (tokens_B int32, logprobs_B float32).
+
+  Inverse-CDF draw over the sorted truncated distribution: the rank is the
+  number of ranks whose cumulative probability is below u * total, so cut
+  ranks (probability 0, at the end) are never picked. One uniform per token
+  keeps the random-number code (slow to compile on CPU) small.
+  logprobs_B[b] = log_softmax(logits_BxV[b])[tokens_B[b]] (untempered).
+  """
+  logits_BxV = logits_BxV.astype(jnp.float32)
+  probs_BxV, order_BxV = truncated_probs(logits_BxV, s)
+  cdf_BxV = jnp.cumsum(probs_BxV, axis=-1)
+  u_B = token_uniforms(s.seed, index_B)
+  rank_B = jnp.sum(cdf_BxV < (u_B * cdf_BxV[:, -1])[:, None], axis=-1)
+  rank_B = jnp.minimum(rank_B, logits_BxV.shape[-1] - 1)
+  drawn_B = jnp.take_along_axis(order_BxV, rank_B[:, None], axis=-1)[:, 0]
+  tokens_B = jnp.where(s.greedy, jnp.argmax(logits_BxV, axis=-1),
+                       drawn_B).astype(jnp.int32)
+  logp_BxV = jax.nn.log_softmax(logits_BxV, axis=-1)
+  logprobs_B = jnp.take_along_axis(logp_BxV, tokens_B[:, None], axis=-1)[:, 0]
+  return tokens_B, logprobs_B

@@ -1,0 +1,203 @@
+"""The transformer: sharded == single device, causality, packing, KV cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kimi_jax.model import transformer
+from kimi_jax.model.config import ModelConfig
+from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
+
+CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4,
+                  n_kv_heads=2, head_dim=8, mlp_dim=64, rope_theta=10000.0,
+                  qkv_bias=True, max_seq_len=64)
+
+
+def _random_params(cfg: ModelConfig, seed: int) -> transformer.Params:
+  """Host-random params (no init compile); norms and biases away from 1 / 0
+  so that their placement matters."""
+  rng = np.random.RandomState(seed)
+
+  def leaf(path, shape):
+    name = jax.tree_util.keystr(path)
+    noise = rng.normal(size=shape).astype(np.float32)
+    if "norm" in name:
+      return jnp.asarray(1.0 + 0.3 * noise)
+    if name.endswith(("['bq']", "['bk']", "['bv']")):
+      return jnp.asarray(0.3 * noise)
+    return jnp.asarray(0.2 * noise)
+
+  return jax.tree_util.tree_map_with_path(
+      leaf, transformer.param_shapes(cfg),
+      is_leaf=lambda x: isinstance(x, tuple))
+
+
+def _tokens(shape: tuple[int, ...], seed: int) -> np.ndarray:
+  return np.random.RandomState(seed).randint(0, CFG.vocab_size, shape)
+
+
+def _positions(B: int, T: int) -> np.ndarray:
+  return np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy()
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _logits(params, tokens, positions, segments, cfg):
+  return transformer.forward(params, tokens, positions, segments, cfg=cfg)[0]
+
+
+# --------------------------------------------------------------------------
+# Sharded (data=2 x fsdp=2 x tensor=2) == single device
+
+
+def _loss(params, tokens_BxT, cfg, sharder):
+  B, T = tokens_BxT.shape
+  positions = jnp.broadcast_to(jnp.arange(T), (B, T))
+  segments = jnp.ones((B, T), jnp.int32)
+  logits, _ = transformer.forward(params, tokens_BxT, positions, segments,
+                                  cfg=cfg, sharder=sharder)
+  logp = transformer.token_logprobs(logits[:, :-1], tokens_BxT[:, 1:])
+  return -jnp.mean(logp), logits
+
+
+def test_sharded_logits_and_grads_equal_single_device():
+  sharder = Sharder(make_mesh(MeshConfig(data=2, fsdp=2, tensor=2)))
+  params = transformer.init_sharded(CFG, jax.random.key(0), sharder)
+  tokens = _tokens((4, 12), seed=1)
+  batch_sharding = sharder.data_sharding(tokens.shape, ("batch", "length"))
+  tokens_sharded = jax.device_put(tokens, batch_sharding)
+  grad_fn = jax.value_and_grad(_loss, has_aux=True)
+
+  sharded = jax.jit(functools.partial(grad_fn, cfg=CFG, sharder=sharder))
+  (loss, logits), grads = sharded(params, tokens_sharded)
+
+  device0 = jax.devices()[0]
+  host_params = jax.device_get(params)
+  single = jax.jit(functools.partial(grad_fn, cfg=CFG, sharder=None))
+  (ref_loss, ref_logits), ref_grads = single(
+      jax.device_put(host_params, device0), jax.device_put(tokens, device0))
+
+  # The sharded run really was sharded: batch split 4 ways, vocab 2 ways.
+  assert logits.sharding.shard_shape(logits.shape) == (1, 12, 32)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+  np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5)
+  flat = jax.tree_util.tree_flatten_with_path(jax.device_get(grads))[0]
+  ref_flat = jax.tree_util.tree_leaves(jax.device_get(ref_grads))
+  for (path, g), ref_g in zip(flat, ref_flat):
+    assert np.abs(ref_g).max() > 0, jax.tree_util.keystr(path)
+    np.testing.assert_allclose(g, ref_g, rtol=1e-5, atol=1e-6,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+# --------------------------------------------------------------------------
+# Causality and packing
+
+
+def test_changing_a_later_token_leaves_earlier_logits():
+  params = _random_params(CFG, seed=2)
+  tokens = _tokens((1, 10), seed=3)
+  changed = tokens.copy()
+  changed[0, 6] = (changed[0, 6] + 1) % CFG.vocab_size
+  pos, seg = _positions(1, 10), np.ones((1, 10), np.int32)
+  a = np.asarray(_logits(params, tokens, pos, seg, CFG))
+  b = np.asarray(_logits(params, changed, pos, seg, CFG))
+  np.testing.assert_array_equal(a[:, :6], b[:, :6])
+  assert np.all(np.abs(a[:, 6:] - b[:, 6:]).max(axis=-1) > 1e-4)
+
+
+def test_logits_have_zero_gradient_wrt_later_token_embeddings():
+  cfg = dataclasses.replace(CFG, tie_embeddings=False)  # embed only as input
+  params = _random_params(cfg, seed=4)
+  T = 10
+  tokens = np.random.RandomState(5).permutation(cfg.vocab_size)[None, :T]
+  pos, seg = _positions(1, T), np.ones((1, T), np.int32)
+
+  def logits_sum_T(embed_VxD):
+    p = dict(params, embed=embed_VxD)
+    return transformer.forward(p, tokens, pos, seg, cfg=cfg)[0][0].sum(-1)
+
+  jac_TxVxD = np.asarray(jax.jacrev(logits_sum_T)(params["embed"]))
+  for t in range(T):
+    grad_norm_T = np.abs(jac_TxVxD[t][tokens[0]]).sum(-1)  # per position t'
+    assert np.all(grad_norm_T[:t + 1] > 0), t
+    np.testing.assert_array_equal(grad_norm_T[t + 1:], 0.0)
+
+
+def test_packed_segments_match_sequences_run_alone():
+  params = _random_params(CFG, seed=6)
+  a, b = _tokens((1, 5), seed=7), _tokens((1, 6), seed=8)
+  packed = np.concatenate([a, b, np.zeros((1, 1), int)], axis=1)
+  seg = np.array([[1] * 5 + [2] * 6 + [0]], np.int32)
+  pos = np.array([list(range(5)) + list(range(6)) + [0]], np.int32)
+  out = np.asarray(_logits(params, packed, pos, seg, CFG))
+  alone_a = _logits(params, a, _positions(1, 5), np.ones((1, 5), np.int32),
+                    CFG)
+  alone_b = _logits(params, b, _positions(1, 6), np.ones((1, 6), np.int32),
+                    CFG)
+  np.testing.assert_allclose(out[:, :5], alone_a, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(out[:, 5:11], alone_b, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------
+# KV cache decoding == full forward
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _cached_step(params, tokens, positions, segments, cache, cfg):
+  return transformer.forward(params, tokens, positions, segments, cfg=cfg,
+                             cache=cache)
+
+
+@pytest.mark.parametrize("prefill_len", [1, 4])
+def test_decode_with_cache_matches_full_forward(prefill_len):
+  params = _random_params(CFG, seed=9)
+  B, T = 2, 9
+  tokens = _tokens((B, T), seed=10)
+  full = np.asarray(_logits(params, tokens, _positions(B, T),
+                            np.ones((B, T), np.int32), CFG))
+  cache = transformer.init_cache(CFG, B, 16)
+  steps = [(0, prefill_len)] + [(t, t + 1) for t in range(prefill_len, T)]
+  for start, end in steps:
+    n = end - start
+    logits, cache = _cached_step(
+        params, tokens[:, start:end], _positions(B, end)[:, start:],
+        np.ones((B, n), np.int32), cache, CFG)
+    np.testing.assert_allclose(logits, full[:, start:end], rtol=1e-5,
+                               atol=1e-5, err_msg=f"tokens {start}:{end}")
+  np.testing.assert_array_equal(cache.lengths, [T, T])
+
+
+def test_right_padded_prefill_rows_of_different_lengths_then_decode():
+  params = _random_params(CFG, seed=11)
+  lengths = [7, 4]
+  n_decode = 3
+  seqs = [_tokens((n + n_decode,), seed=12 + i) for i, n in
+          enumerate(lengths)]
+  P = max(lengths)
+  prefill = np.zeros((2, P), np.int64)
+  seg = np.zeros((2, P), np.int32)
+  for i, n in enumerate(lengths):
+    prefill[i, :n] = seqs[i][:n]
+    seg[i, :n] = 1
+  cache = transformer.init_cache(CFG, 2, 16)
+  logits, cache = _cached_step(params, prefill, _positions(2, P), seg, cache,
+                               CFG)
+  np.testing.assert_array_equal(cache.lengths, lengths)
+  got = [[np.asarray(logits[i, :n])] for i, n in enumerate(lengths)]
+  for step in range(n_decode):
+    pos = np.array([[n + step] for n in lengths], np.int32)
+    tok = np.array([[s[n + step]] for s, n in zip(seqs, lengths)])
+    logits, cache = _cached_step(params, tok, pos, np.ones((2, 1), np.int32),
+                                 cache, CFG)
+    for i in range(2):
+      got[i].append(np.asarray(logits[i]))
+  for i, s in enumerate(seqs):
+    alone = _logits(params, s[None], _positions(1, len(s)),
+                    np.ones((1, len(s)), np.int32), CFG)[0]
+    np.testing.assert_allclose(np.concatenate(got[i]), alone, rtol=1e-5,
+                               atol=1e-5, err_msg=f"row {i}")

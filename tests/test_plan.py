@@ -1,0 +1,148 @@
+"""The memory plan (abstract mesh) against arrays really allocated on the 8
+fake CPU devices with the run's own init, optimizer and sampler code."""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import json
+import os
+
+import jax
+import pytest
+
+from kimi_jax import plan
+from kimi_jax import train_step as ts
+from kimi_jax.config import load_config, to_dataclass
+from kimi_jax.model import transformer
+from kimi_jax.model.config import ModelConfig
+from kimi_jax.sampler.engine import Engine, EngineConfig
+from kimi_jax.sharding import (MeshConfig, Sharder, ShardingError, make_mesh,
+                               rules_from_config)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "experiments", "tiny.py")
+QWEN_7B_TINY = os.path.join(ROOT, "experiments", "qwen2_5_7b.py") + ":tiny"
+
+
+def _bytes_per_device(tree) -> dict[jax.Device, int]:
+  """Bytes each device really holds of a pytree of jax.Arrays."""
+  held = collections.Counter()
+  for leaf in jax.tree.leaves(tree):
+    for shard in leaf.addressable_shards:
+      held[shard.device] += shard.data.nbytes
+  return held
+
+
+def _only_value(held: dict[jax.Device, int]) -> int:
+  assert len(held) == 8, f"expected all 8 devices to hold a part: {held}"
+  assert len(set(held.values())) == 1, f"uneven per-device bytes: {held}"
+  return next(iter(held.values()))
+
+
+@pytest.mark.parametrize("config_path,sizes", [
+    (TINY, dict(data=2, fsdp=2, tensor=2)),
+    (QWEN_7B_TINY, dict(data=1, fsdp=4, tensor=2)),
+])
+def test_plan_matches_allocated_arrays(config_path, sizes):
+  config = load_config(config_path)
+  memory = plan.plan_for_config(config, sizes)
+
+  cfg = to_dataclass(ModelConfig, config.model, "model")
+  sharder = Sharder(make_mesh(MeshConfig(**sizes)),
+                    rules_from_config(config.sharding.rules))
+  optimizer = ts.make_optimizer(ts.OptimizerConfig(
+      learning_rate=config.rl.learning_rate, grad_clip=config.rl.grad_clip))
+  params = transformer.init_sharded(cfg, jax.random.key(0), sharder)
+  state = ts.create_state(params, optimizer,
+                          ts.state_shardings(optimizer, cfg, sharder))
+  engine = Engine(cfg, EngineConfig(max_slots=config.sampler.max_slots,
+                                    cache_len=config.sampler.cache_len),
+                  sharder=sharder)
+  cache = engine.init_decode_state().cache
+
+  assert memory.params == _only_value(_bytes_per_device(params))
+  assert memory.opt_state == _only_value(_bytes_per_device(state.opt_state))
+  # Gradients are planned like the params they belong to (see the report's
+  # note on constraining them in the train step).
+  assert memory.grads == memory.params
+  assert memory.kv_cache == _only_value(_bytes_per_device(cache))
+  assert memory.mesh == sizes
+
+
+def test_unshardable_parameter_names_it():
+  config = load_config(TINY)  # 2 kv heads cannot split over tensor=4
+  with pytest.raises(ShardingError, match=r"\['layers'\]\['bk'\].*kv_heads"):
+    plan.plan_for_config(config, dict(data=2, fsdp=1, tensor=4))
+
+
+def test_unshardable_cache_names_it():
+  config = load_config(TINY, ["sampler.max_slots=6"])  # 6 slots over 4
+  with pytest.raises(ShardingError, match="sampler KV cache"):
+    plan.plan_for_config(config, dict(data=2, fsdp=2, tensor=2))
+
+
+def test_plans_a_pod_on_a_laptop():
+  # 256 abstract devices; nothing is allocated. Matrices split 64 ways
+  # (fsdp x tensor), biases 4 ways (tensor), norms replicated; bf16.
+  config = load_config(os.path.join(ROOT, "experiments", "qwen2_5_7b.py"))
+  memory = plan.plan_for_config(config, dict(data=4, fsdp=16, tensor=4))
+  L, D, H, K, Dh, F, V = 28, 3584, 28, 4, 128, 18944, 152064
+  matrices = L * (2 * D * H * Dh + 2 * D * K * Dh + 3 * D * F) + 2 * V * D
+  biases = L * (H * Dh + 2 * K * Dh)
+  norms = 2 * L * D + D
+  assert memory.params == 2 * (matrices // 64 + biases // 4 + norms)
+  # adamw: two moments in the param dtype, plus replicated int32 counters.
+  assert 0 <= memory.opt_state - 2 * memory.params <= 16
+  # 28 layers x 256 slots x 32768 x 4 kv heads x 128 x bf16, k and v,
+  # split 64 ways over (data, fsdp) and 4 ways over tensor.
+  assert memory.kv_cache == pytest.approx(
+      2 * 28 * 256 * 32768 * 4 * 128 * 2 / 256, rel=1e-3)
+
+
+def test_activation_formula_by_hand():
+  cfg = to_dataclass(ModelConfig, load_config(TINY).model, "model")
+  sharder = Sharder(plan.abstract_mesh(dict(data=2, fsdp=2, tensor=2)))
+  # tiny: D=64, H=4, K=2, Dh=16, F=256, V=32, L=2, float32, no remat.
+  # 8 rows / (data*fsdp=4) = 2 local rows; heads, mlp, vocab halve.
+  est = plan.activation_estimate(cfg, sharder, rows=8, length=16)
+  x = 2 * 16 * 64 * 4
+  q, kv, mlp = 2 * 16 * 2 * 16 * 4, 2 * 16 * 1 * 16 * 4, 2 * 16 * 128 * 4
+  attention = 2 * 1 * 2 * 16 * 16 * (4 + 4)
+  layer = 3 * x + 2 * q + 2 * kv + 3 * mlp + attention
+  logits = 3 * 2 * 16 * 16 * 4
+  assert (est.attention, est.layer, est.logits) == (attention, layer, logits)
+  assert est.total == 2 * (x + layer) + layer + logits
+  # With remat only the layer inputs are kept per layer.
+  remat = plan.activation_estimate(
+      ModelConfig(**{**vars(cfg), "remat": True}), sharder, rows=8, length=16)
+  assert remat.total == 2 * x + 2 * layer + logits
+  # 3 rows cannot split over 4 batch shards: every device holds all 3.
+  odd = plan.activation_estimate(cfg, sharder, rows=3, length=16)
+  assert odd.boundaries == 2 * 3 * 16 * 64 * 4
+
+
+def _launch_main():
+  spec = importlib.util.spec_from_file_location(
+      "launch_plan", os.path.join(ROOT, "launch", "plan.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.main
+
+
+def test_launch_warns_and_writes_json(tmp_path, capsys):
+  out = tmp_path / "plan.json"
+  main = _launch_main()
+  assert main(["--config", TINY, "--mesh", "data=-1,fsdp=2,tensor=2",
+               "--num-devices", "8", "--device-memory-gb", "0.001",
+               "--json", str(out), "--config.sampler.max_slots=64"]) == 0
+  text = capsys.readouterr().out
+  assert "WARNING: total" in text and "exceeds the 0.001 GB" in text
+  written = json.loads(out.read_text())
+  expected = plan.plan_for_config(load_config(TINY, ["sampler.max_slots=64"]),
+                                  dict(data=2, fsdp=2, tensor=2))
+  assert written["total"] == expected.total
+  assert written["mesh"] == dict(data=2, fsdp=2, tensor=2)
+  assert main(["--config", TINY, "--mesh", "data=2,fsdp=2,tensor=2",
+               "--device-memory-gb", "16"]) == 0
+  assert "WARNING" not in capsys.readouterr().out
