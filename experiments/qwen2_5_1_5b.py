@@ -7,6 +7,8 @@ model.max_seq_len, sampler.cache_len and the buckets together for more.
 Suggested mesh: tensor=2 (kv_heads=2 must divide over `tensor`), fsdp=8,
 data over the rest. Check memory first:
 `python launch/plan.py --config experiments/qwen2_5_1_5b.py --mesh data=16,fsdp=8,tensor=2 --device-memory-gb 16`.
+At 16k the train step fits a 95 GB chip but not a 16 GB one until attention
+and log-probs are chunked; docs/tpu_pod.md lists lengths that fit today.
 Tiny CPU variant: `--config experiments/qwen2_5_1_5b.py:tiny`.
 """
 
@@ -25,5 +27,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       mlp_dim=8960, tie_embeddings=True, max_seq_len=16384)
   full = _common["long_cot_config"](
       model, mesh=dict(data=-1, fsdp=8, tensor=2), max_slots=256,
-      prompts_per_iteration=256, minibatch_prompts=8, learning_rate=1e-6)
+      prompts_per_iteration=256, minibatch_prompts=16, learning_rate=1e-6)
   return _common["select"](arg, full)

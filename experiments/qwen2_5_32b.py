@@ -5,6 +5,8 @@ response) reach 32k tokens, the report's first long-context stage. Suggested
 mesh: tensor=8 (kv_heads=8 must divide over `tensor`; 40 heads, the MLP and
 the vocabulary divide by 8 too), fsdp=32 over the rest. Check memory first:
 `python launch/plan.py --config experiments/qwen2_5_32b.py --mesh data=1,fsdp=32,tensor=8 --device-memory-gb 16`.
+At the full length the train step's activations exceed a chip until attention
+and log-probs are chunked; docs/tpu_pod.md lists lengths that fit today.
 Tiny CPU variant: `--config experiments/qwen2_5_32b.py:tiny`.
 """
 

@@ -6,6 +6,8 @@ rollouts generate 8k tokens per trajectory per iteration. Suggested mesh:
 tensor=4 (kv_heads=4 must divide over `tensor`), fsdp=16 over the rest with
 data taking what is left, e.g. data=4 on 256 chips. Check memory first:
 `python launch/plan.py --config experiments/qwen2_5_7b.py --mesh data=4,fsdp=16,tensor=4 --device-memory-gb 95`.
+At the full length the train step's activations exceed a chip until attention
+and log-probs are chunked; docs/tpu_pod.md lists lengths that fit today.
 Tiny CPU variant: `--config experiments/qwen2_5_7b.py:tiny`.
 """
 

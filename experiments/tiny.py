@@ -1,11 +1,12 @@
 """python launch/tpu_run.py --config experiments/tiny.py --workdir /tmp/kimi_tiny
 
-The tiny default: a 2-layer character-level policy learns modular digit sums
-(a synthetic task where writing the running sums out helps). Stage one is a
+The tiny default: a 2-layer policy learns to follow a hidden permutation n
+steps (kimi_jax/data/pointer_chase.py), a synthetic task where writing every
+intermediate state out helps and a direct answer cannot generalise. Stage one is a
 short supervised warm start on a mix of chain-of-thought and direct answers;
 stage two is Kimi k1.5 RL (mirror descent, length reward after warm-up,
 partial rollouts, prioritized prompt sampling). Runs on a laptop CPU in a few
-minutes.
+minutes. `experiments/tiny.py:micro` is a seconds-scale variant for tests.
 """
 
 import ml_collections
@@ -13,7 +14,7 @@ import ml_collections
 
 def model_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
-      vocab_size=32,
+      vocab_size=128,
       d_model=64,
       n_layers=2,
       n_heads=4,
@@ -45,19 +46,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       ("layers", None), ("norm", None))))
 
   c.task = ml_collections.ConfigDict(dict(
-      name="digit_sum",
-      min_digits=2,
-      max_digits=8,
-      num_train=4000,
-      num_eval=256,
+      name="pointer_chase",
+      min_steps=1,
+      max_steps=8,
+      eval_fraction=0.125,
       # Fraction of warm-start examples that answer directly, without steps.
       direct_fraction=0.5,
+      warmstart_fraction=0.25,
   ))
 
   c.sft = ml_collections.ConfigDict(dict(
-      steps=150,
+      steps=250,
       batch_size=64,
-      seq_len=48,
+      seq_len=32,
       learning_rate=3e-3,
       warmup_steps=10,
       weight_decay=0.0,
@@ -66,12 +67,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.sampler = ml_collections.ConfigDict(dict(
       max_slots=128,
-      cache_len=64,
-      prefill_buckets=(16, 32, 64),
+      cache_len=48,
+      prefill_buckets=(8, 16, 32, 48),
       temperature=1.0,
       top_k=0,
       top_p=1.0,
-      repeat_ngram=3,
+      repeat_ngram=4,
       repeat_times=4,
   ))
 
@@ -87,7 +88,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       minibatch_prompts=16,
       epochs=1,
       reset_optimizer=True,
-      max_response_len=24,
+      max_response_len=32,
       # Partial rollouts: tokens a trajectory may generate per iteration.
       token_budget=12,
       max_wait_iterations=4,
@@ -95,7 +96,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       length_reward_weight=0.1,
       length_reward_warmup=30,
       repeat_penalty=-1.0,
-      train_len_buckets=(32, 48, 64),
+      train_len_buckets=(16, 32, 48),
       eval_every=10,
       eval_samples=4,
   ))
@@ -117,4 +118,25 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict(dict(every_iterations=1,
                                                 max_to_keep=2))
   c.log = ml_collections.ConfigDict(dict(progress=True, plots=True))
+  if arg == "micro":
+    shrink_to_micro(c)
+  elif arg:
+    raise ValueError(f"experiments/tiny.py: unknown variant {arg!r} "
+                     f"(known: micro)")
   return c
+
+
+def shrink_to_micro(c: ml_collections.ConfigDict) -> None:
+  """Seconds-scale variant for tests: a few SFT steps, 3 RL iterations."""
+  c.task.max_steps = 3
+  c.sft.steps = 20
+  c.sampler.max_slots = 32
+  c.rl.iterations = 3
+  c.rl.prompts_per_iteration = 8
+  c.rl.samples_per_prompt = 4
+  c.rl.minibatch_prompts = 4
+  c.rl.length_reward_warmup = 1
+  c.rl.eval_every = 0
+  c.rl.eval_samples = 1
+  c.log.progress = False
+  c.log.plots = False

@@ -156,6 +156,14 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Setup:
       learning_rate=cfg.rl.learning_rate, grad_clip=cfg.rl.grad_clip))
   shardings = ts.state_shardings(opt_rl, cfg.model, sharder)
   shardings_sft = ts.state_shardings(opt_sft, cfg.model, sharder)
+  n_batch_shards = sharder.axis_size(sharder.rule_map["batch"])
+  rows = cfg.rl.minibatch_prompts * cfg.rl.samples_per_prompt
+  if rows % n_batch_shards or cfg.sft.batch_size % n_batch_shards:
+    raise ConfigError(
+        f"config.rl.minibatch_prompts x samples_per_prompt ({rows}) and "
+        f"config.sft.batch_size ({cfg.sft.batch_size}) must divide over the "
+        f"{n_batch_shards} batch shards of the mesh, or every device would "
+        f"hold the whole batch")
   engine = Engine(cfg.model, cfg.engine, sharder=sharder)
   sampler = Sampler(engine, repeat=cfg.repeat)
   os.makedirs(workdir, exist_ok=True) if "://" not in workdir else None

@@ -99,12 +99,18 @@ def _tree_norm(tree) -> jax.Array:
 
 
 def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
-               optimizer: optax.GradientTransformation
+               optimizer: optax.GradientTransformation,
+               grad_shardings: Any = None
                ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One gradient step; the update is skipped if loss or grads are not finite.
+
+  grad_shardings: pins gradients to their parameters' shardings, so XLA
+  cannot leave them gathered (the memory plan counts them sharded).
   """
   (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
       state.params, batch)
+  if grad_shardings is not None:
+    grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
   grad_norm = _tree_norm(grads)
   updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
   new_params = optax.apply_updates(state.params, updates)
@@ -142,7 +148,8 @@ def jit_train_step(loss_fn: LossFn, optimizer, shardings: TrainState,
   """The step jitted with in/out shardings and the state donated."""
   counter = TraceCounter(
       lambda state, batch: train_step(state, batch, loss_fn=loss_fn,
-                                      optimizer=optimizer))
+                                      optimizer=optimizer,
+                                      grad_shardings=shardings.params))
   step = jax.jit(counter, in_shardings=(shardings, batch_sharding),
                  out_shardings=(shardings, None), donate_argnums=(0,))
   return step, counter

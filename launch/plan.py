@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-from kimi_jax import plan
-from kimi_jax.config import load_config, split_config_args
+# Runs from a checkout without installing the package, as launch/tpu_run.py.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from kimi_jax import plan  # noqa: E402
+from kimi_jax.config import load_config, split_config_args  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -24,8 +24,9 @@ EXPERIMENTS = sorted(
     if not os.path.basename(p).startswith("_"))
 TINY = os.path.join(ROOT, "experiments", "tiny.py")
 QWEN_7B = os.path.join(ROOT, "experiments", "qwen2_5_7b.py")
-# Every experiment and its tiny variant ("path:tiny").
-VARIANTS = EXPERIMENTS + [p + ":tiny" for p in EXPERIMENTS]
+# Every experiment and its tiny variant ("path:tiny"; tiny.py is its own).
+SCALED = [p for p in EXPERIMENTS if p != TINY]
+VARIANTS = EXPERIMENTS + [p + ":tiny" for p in SCALED]
 
 
 def _ids(paths):
@@ -78,22 +79,15 @@ def test_config_builds_abstractly(path):
   assert logits.shape == (2, 16, cfg.vocab_size)
 
 
-@pytest.mark.parametrize("path", EXPERIMENTS, ids=_ids(EXPERIMENTS))
-def test_tiny_variant_is_tiny_and_runs_on_cpu(path):
+@pytest.mark.parametrize("path", SCALED, ids=_ids(SCALED))
+def test_tiny_variant_is_tiny_of_the_same_family(path):
   full = to_dataclass(ModelConfig, load_config(path).model, "model")
   tiny = to_dataclass(ModelConfig, load_config(path + ":tiny").model, "model")
   assert count_params(tiny) < 1_000_000
   assert (tiny.param_dtype, tiny.compute_dtype) == ("float32", "float32")
-  # Same architecture family as the full model.
   assert tiny.n_heads // tiny.n_kv_heads == full.n_heads // full.n_kv_heads
-  assert (tiny.tie_embeddings, tiny.qkv_bias) == (full.tie_embeddings,
-                                                   full.qkv_bias)
-  params = transformer.init_params(tiny, jax.random.key(0))
-  tokens = jnp.arange(8, dtype=jnp.int32)[None] % tiny.vocab_size
-  logits, _ = transformer.forward(params, tokens, jnp.arange(8)[None],
-                                  jnp.ones_like(tokens), cfg=tiny)
-  assert logits.shape == (1, 8, tiny.vocab_size)
-  assert bool(jnp.isfinite(logits).all())
+  assert (tiny.tie_embeddings, tiny.qkv_bias, tiny.remat) == (
+      full.tie_embeddings, full.qkv_bias, full.remat)
 
 
 def test_unknown_variant_is_rejected():

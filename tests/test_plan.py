@@ -4,11 +4,13 @@ fake CPU devices with the run's own init, optimizer and sampler code."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib.util
 import json
 import os
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from kimi_jax import plan
@@ -146,3 +148,32 @@ def test_launch_warns_and_writes_json(tmp_path, capsys):
   assert main(["--config", TINY, "--mesh", "data=2,fsdp=2,tensor=2",
                "--device-memory-gb", "16"]) == 0
   assert "WARNING" not in capsys.readouterr().out
+
+
+def test_activation_estimate_tracks_the_compiler():
+  # XLA's own temp-buffer size for the compiled, sharded gradient of the
+  # training loss (params and grads are arguments/outputs, not temps), with
+  # remat as the long-CoT configs run. At T=512 the T x T attention term
+  # dominates, as it does at 32k.
+  config = load_config(QWEN_7B_TINY)
+  cfg = dataclasses.replace(to_dataclass(ModelConfig, config.model, "model"),
+                            n_layers=8, max_seq_len=512, remat=True)
+  sizes = dict(data=2, fsdp=2, tensor=2)
+  sharder = Sharder(make_mesh(MeshConfig(**sizes)))
+  rows, length = 8, 512
+  fields = dict(tokens=jnp.int32, targets=jnp.int32, mask=jnp.float32,
+                positions=jnp.int32, segment_ids=jnp.int32)
+  batch = {k: jax.ShapeDtypeStruct((rows, length), d)
+           for k, d in fields.items()}
+  params_sh = transformer.param_shardings(cfg, sharder)
+  grad_fn = jax.jit(
+      jax.grad(lambda p, b: ts.cross_entropy_loss(p, b, cfg=cfg,
+                                                  sharder=sharder)[0]),
+      in_shardings=(params_sh, ts.batch_shardings(
+          sharder, {k: (rows, length) for k in fields})),
+      out_shardings=params_sh)
+  compiled = grad_fn.lower(transformer.abstract_params(cfg), batch).compile()
+  xla_bytes = compiled.memory_analysis().temp_size_in_bytes
+  estimate = plan.activation_estimate(
+      cfg, Sharder(plan.abstract_mesh(sizes)), rows, length).total
+  assert estimate == pytest.approx(xla_bytes, rel=0.25)

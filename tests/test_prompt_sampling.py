@@ -118,6 +118,14 @@ def test_missing_difficulty_names_record_and_field():
   PromptSampler(records, PromptSamplingConfig(prioritized=True))
 
 
+def test_record_ids_must_be_unique():
+  with pytest.raises(ValueError, match="'b' repeats"):
+    PromptSampler([{"id": "a"}, {"id": "b"}, {"id": "b"}],
+                  PromptSamplingConfig())
+  with pytest.raises(ValueError, match=r"records\[1\] has no field 'id'"):
+    PromptSampler([{"id": "a"}, {"name": "b"}], PromptSamplingConfig())
+
+
 def test_config_validation():
   with pytest.raises(ValueError, match="first start_iteration is 0"):
     PromptSamplingConfig(curriculum="stages", stages=((1, 2),))
@@ -127,8 +135,10 @@ def test_config_validation():
     PromptSamplingConfig(priority_floor=0.0)
 
 
-def test_state_round_trip_gives_identical_samples():
-  cfg = PromptSamplingConfig(prioritized=True, ema_decay=0.7)
+@pytest.mark.parametrize("tracking", ["ema", "mean"])
+def test_state_round_trip_gives_identical_samples(tracking):
+  cfg = PromptSamplingConfig(prioritized=True, ema_decay=0.7,
+                             success_tracking=tracking)
   records = [{"id": 100 + i} for i in range(12)]
   a = PromptSampler(records, cfg)
   rng = np.random.default_rng(5)

@@ -56,9 +56,12 @@ def _seq_logp_row(params, tokens_T, n_resp):
   return total
 
 
-# One compile each (n_resp is traced), so the reference stays cheap.
+# One compile (n_resp is traced), so the reference stays cheap.
 _seq_logp_and_grad = jax.jit(jax.value_and_grad(_seq_logp_row))
-_seq_logp = jax.jit(_seq_logp_row)
+
+
+def _seq_logp(params, tokens_T, n_resp):
+  return _seq_logp_and_grad(params, tokens_T, n_resp)[0]
 
 
 def _params_pair():
@@ -94,18 +97,13 @@ _surrogate_and_grad = jax.jit(
     static_argnames=("tau", "kind"))
 
 
-@pytest.mark.parametrize("kind", ["mean", "soft"])
-def test_mirror_descent_gradient_equals_eq3(kind):
+def test_mirror_descent_gradient_equals_eq3():
   theta_i, theta = _params_pair()
   tokens = _tokens()
   tau = 0.7
   (_, metrics), got = _surrogate_and_grad(theta, theta_i, tokens, REWARD,
-                                          tau=tau, kind=kind)
-  if kind == "mean":
-    r_bar = REWARD.mean(axis=1)
-  else:
-    r_bar = np.array([tau * math.log(np.mean(np.exp(REWARD[p] / tau)))
-                      for p in range(P)])
+                                          tau=tau, kind="mean")
+  r_bar = REWARD.mean(axis=1)
   want = _explicit_grad(theta, theta_i, tokens, tau, r_bar)
   for path, g, w in zip(jax.tree_util.tree_leaves_with_path(got),
                         jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -115,14 +113,36 @@ def test_mirror_descent_gradient_equals_eq3(kind):
   assert float(metrics["log_ratio_sq_mean"]) > 1e-2
 
 
+def test_soft_baseline_gradient_wrt_token_logp():
+  # d loss / d token_logp[p, j, t] = mask * (-(r_j - r_bar_p) + tau (s_j -
+  # ref_j)) / (P K), with r_bar_p the soft baseline computed by hand here.
+  rng = np.random.default_rng(3)
+  lp = -rng.uniform(0.1, 2.0, size=(P, K, T)).astype(np.float32)
+  mask = _mask_PxKxT()
+  ref = (lp * mask).sum(-1) + rng.normal(size=(P, K)).astype(np.float32)
+  tau = 0.7
+  g = jax.grad(lambda x: mirror_descent_loss(
+      x, ref, mask, REWARD, tau=tau, baseline_kind="soft")[0])(lp)
+  for p in range(P):
+    r_bar = tau * math.log(sum(math.exp(r / tau) for r in REWARD[p]) / K)
+    for j in range(K):
+      s = sum(float(lp[p, j, t]) for t in range(T) if mask[p, j, t])
+      coef = (-(REWARD[p, j] - r_bar) + tau * (s - ref[p, j])) / (P * K)
+      np.testing.assert_allclose(g[p, j], coef * mask[p, j], rtol=1e-5,
+                                 atol=1e-7)
+
+
 def test_equal_rewards_leave_only_the_penalty():
   theta_i, theta = _params_pair()
   tokens = _tokens()
   tau = 0.7
   equal = np.full((P, K), 0.8, np.float32)
+  rng = np.random.default_rng(4)
+  lp = -rng.uniform(0.1, 2.0, size=(P, K, T)).astype(np.float32)
+  ref = rng.normal(size=(P, K)).astype(np.float32) - 5.0
   for kind in ("mean", "soft"):
-    (loss, m), _ = _surrogate_and_grad(theta, theta_i, tokens, equal,
-                                       tau=tau, kind=kind)
+    loss, m = mirror_descent_loss(lp, ref, _mask_PxKxT(), equal, tau=tau,
+                                  baseline_kind=kind)
     assert abs(float(m["pg_term"])) < 1e-5
     assert float(m["advantage_abs_mean"]) < 1e-6
     np.testing.assert_allclose(float(loss), float(m["penalty_term"]),
@@ -131,7 +151,7 @@ def test_equal_rewards_leave_only_the_penalty():
   # gradient with unequal rewards).
   def grad_norm(reward):
     _, g = _surrogate_and_grad(theta_i, theta_i, tokens, reward, tau=tau,
-                               kind="soft")
+                               kind="mean")
     return float(jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(g))))
   assert grad_norm(equal) < 1e-4 * grad_norm(REWARD)
 
@@ -213,3 +233,31 @@ def test_rest_no_correct_response_gives_zero():
   (loss, m), g = _rest_and_grad(theta, tokens, correct)
   assert float(loss) == 0.0 and float(m["n_tokens"]) == 0.0
   assert all(float(jnp.abs(x).max()) == 0.0 for x in jax.tree.leaves(g))
+
+
+def test_padding_prompts_are_excluded():
+  # A batch with two padding prompts (garbage, even NaN rewards) gives the
+  # loss, gradient and metrics of the unpadded batch.
+  rng = np.random.default_rng(5)
+  lp = -rng.uniform(0.1, 2.0, size=(P, K, T)).astype(np.float32)
+  mask = _mask_PxKxT()
+  ref = (lp * mask).sum(-1) + rng.normal(size=(P, K)).astype(np.float32)
+  pad_lp = np.concatenate([lp, -np.ones((2, K, T), np.float32)])
+  pad_mask = np.concatenate([mask, np.ones((2, K, T), np.float32)])
+  pad_ref = np.concatenate([ref, np.zeros((2, K), np.float32)])
+  pad_reward = np.concatenate([REWARD, np.full((2, K), np.nan, np.float32)])
+  valid = np.array([1, 1, 0, 0], np.float32)
+
+  def run(x, m, r, w, v):
+    return jax.value_and_grad(lambda y: mirror_descent_loss(
+        y, r, m, w, tau=0.7, baseline_kind="soft", valid_P=v), has_aux=True
+                              )(x)
+
+  (loss, metrics), g = run(lp, mask, ref, REWARD, None)
+  (p_loss, p_metrics), p_g = run(pad_lp, pad_mask, pad_ref, pad_reward, valid)
+  np.testing.assert_allclose(float(p_loss), float(loss), rtol=1e-6)
+  np.testing.assert_allclose(p_g[:P], g, rtol=1e-6)
+  assert not np.any(p_g[P:])
+  for name in metrics:
+    np.testing.assert_allclose(float(p_metrics[name]), float(metrics[name]),
+                               rtol=1e-6, err_msg=name)

@@ -3,8 +3,8 @@
 `make_task(task_section, seed, tokenizer)` is the one place the RL job learns
 what it trains on. Tasks:
 
-- `digit_sum`: the synthetic tiny task (kimi_jax.data.digit_sum), with its own
-  character tokenizer and exact verifier.
+- `pointer_chase`: the synthetic tiny task (kimi_jax.data.pointer_chase),
+  with its own word tokenizer and exact verifier.
 - `jsonl`: problem records from JSONL files (`train_path`, `eval_path`), each
   line an object with `prompt_field` and the reward's fields, scored by a
   reward from `kimi_jax.rewards.registry` (math, code, reasoning_gym, ...).
@@ -16,7 +16,7 @@ import dataclasses
 import json
 from typing import Any, Callable, Mapping, Sequence
 
-from kimi_jax.data import digit_sum
+from kimi_jax.data import pointer_chase
 from kimi_jax.rewards.base import RewardFn
 
 
@@ -58,17 +58,18 @@ def read_jsonl_records(path: str, prompt_field: str) -> list[dict]:
   return records
 
 
-def _digit_sum_task(section: Mapping[str, Any], seed: int) -> Task:
+def _pointer_chase_task(section: Mapping[str, Any], seed: int,
+                        warmstart_size: int) -> Task:
   from kimi_jax.config import to_dataclass
-  cfg = to_dataclass(digit_sum.DigitSumConfig, section, "task")
-  train, held = digit_sum.make_problems(cfg, seed)
-  tok = digit_sum.tokenizer()
+  cfg = to_dataclass(pointer_chase.PointerChaseConfig, section, "task")
+  train, held = pointer_chase.make_problems(cfg, seed)
+  tok = pointer_chase.tokenizer()
   return Task(
-      name=cfg.name, train=train, eval=held, reward=digit_sum.DigitSumReward(),
-      tokenizer=tok,
+      name=cfg.name, train=train, eval=held,
+      reward=pointer_chase.PointerChaseReward(), tokenizer=tok,
       encode_prompt=lambda r: [tok.bos_id] + tok.encode(r["prompt"]),
-      warmstart=lambda s: digit_sum.warmstart_texts(train, cfg.direct_fraction,
-                                                    s))
+      warmstart=lambda s: pointer_chase.warmstart_texts(train, cfg, s,
+                                                        warmstart_size))
 
 
 def _jsonl_task(section: Mapping[str, Any], tokenizer: Any) -> Task:
@@ -88,12 +89,12 @@ def _jsonl_task(section: Mapping[str, Any], tokenizer: Any) -> Task:
               encode_prompt=lambda r: tokenizer.encode(r["prompt"]))
 
 
-def make_task(section: Mapping[str, Any], seed: int, tokenizer: Any = None
-              ) -> Task:
+def make_task(section: Mapping[str, Any], seed: int, tokenizer: Any = None,
+              warmstart_size: int = 4096) -> Task:
   name = section.get("name")
-  if name == "digit_sum":
-    return _digit_sum_task(section, seed)
+  if name == "pointer_chase":
+    return _pointer_chase_task(section, seed, warmstart_size)
   if name == "jsonl":
     return _jsonl_task(section, tokenizer)
   raise ValueError(f"config.task.name: unknown task {name!r} "
-                   f"(known: digit_sum, jsonl)")
+                   f"(known: pointer_chase, jsonl)")

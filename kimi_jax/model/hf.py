@@ -2,9 +2,9 @@
 
 HF stores each layer's linear maps as torch `[out, in]` matrices with heads
 flattened; our params are stacked over layers with heads as their own axis
-(see `transformer.param_shapes`). Each parameter is converted on the host one
-at a time, so peak host memory stays around one stacked parameter; with a
-`Sharder` it is then placed straight into its `NamedSharding`.
+(see `transformer.param_shapes`). Parameters are loaded one at a time, layer by
+layer, straight into this host's shards of their `NamedSharding`: host memory
+peaks around the local shards of one parameter plus one layer's tensor.
 
 Supported: `Qwen2ForCausalLM` (q/k/v biases) and `LlamaForCausalLM` without
 biases, both with default (unscaled) rotary embeddings and SiLU MLPs.
@@ -349,27 +349,51 @@ def _check_names(entries: list[_Entry], files: Mapping[str, str], path: str,
         f"{' ...' if len(unexpected) > 5 else ''} ({len(unexpected)} in all)")
 
 
-def _host_param(entry: _Entry, reader: _Reader, dtype: np.dtype
-                ) -> np.ndarray:
-  """One of our params on the host, assembled layer by layer."""
+def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]
+            ) -> tuple[tuple[int, int], ...]:
+  return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+
+
+def _slices(bounds: tuple[tuple[int, int], ...]) -> tuple[slice, ...]:
+  return tuple(slice(lo, hi) for lo, hi in bounds)
+
+
+def _read_sharded(entry: _Entry, reader: _Reader, dtype: np.dtype,
+                  sharding: jax.sharding.Sharding) -> jax.Array:
+  """One param, built from this host's distinct shards.
+
+  HF tensors are read one layer at a time and each is copied into every local
+  shard that covers it, so host memory holds this host's shards of one param
+  plus one layer (replicas on several devices share one buffer).
+  """
+  index_map = sharding.addressable_devices_indices_map(entry.shape)
+  bounds = {d: _bounds(idx, entry.shape) for d, idx in index_map.items()}
+  buffers = {b: np.empty([hi - lo for lo, hi in b], dtype)
+             for b in set(bounds.values())}
   hf_shape = entry.layout.hf_shape(entry.slice_shape)
-  if not entry.stacked:
-    hf = reader.read(entry.hf_names[0], hf_shape)
-    return entry.layout.to_ours(hf, entry.slice_shape).astype(dtype)
-  out = np.empty(entry.shape, dtype)
   for i, name in enumerate(entry.hf_names):
-    out[i] = entry.layout.to_ours(reader.read(name, hf_shape),
-                                  entry.slice_shape)
-  return out
+    part = entry.layout.to_ours(reader.read(name, hf_shape),
+                                entry.slice_shape)
+    for b, buf in buffers.items():
+      if not entry.stacked:
+        buf[...] = part[_slices(b)]
+      elif b[0][0] <= i < b[0][1]:
+        buf[i - b[0][0]] = part[_slices(b[1:])]
+    del part
+  arrays = [jax.device_put(buffers[bounds[d]], d) for d in index_map]
+  return jax.make_array_from_single_device_arrays(entry.shape, sharding,
+                                                  arrays)
 
 
 def _check_tied_head(reader: _Reader, files: Mapping[str, str],
-                     embed_VxD: np.ndarray) -> None:
+                     cfg: ModelConfig) -> None:
   """A tied checkpoint may still store lm_head.weight; it must equal embed."""
   name = "lm_head.weight"
   if name in files:
-    head = reader.read(name, embed_VxD.shape)
-    if not np.array_equal(head.astype(embed_VxD.dtype), embed_VxD):
+    shape = (cfg.vocab_size, cfg.d_model)
+    head = reader.read(name, shape)
+    if not np.array_equal(head, reader.read("model.embed_tokens.weight",
+                                            shape)):
       raise HFCheckpointError(
           f"{reader.where(name)}: tie_word_embeddings=true but {name} differs "
           f"from model.embed_tokens.weight")
@@ -398,7 +422,12 @@ def load_hf_checkpoint(path: str, *, sharder: Sharder | None = None,
   if param_dtype is not None:
     cfg = dataclasses.replace(cfg, param_dtype=param_dtype)
   # Shardings first: a param that cannot divide fails before any reading.
-  shardings = param_shardings(cfg, sharder) if sharder is not None else None
+  if sharder is None:
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shardings = jax.tree_util.tree_map(lambda _: device, param_shapes(cfg),
+                                       is_leaf=lambda x: isinstance(x, tuple))
+  else:
+    shardings = param_shardings(cfg, sharder)
   entries = _entries(cfg)
   files = _tensor_files(path)
   _check_names(entries, files, path, cfg.tie_embeddings)
@@ -406,22 +435,12 @@ def load_hf_checkpoint(path: str, *, sharder: Sharder | None = None,
   params: Params = {}
   with contextlib.ExitStack() as stack:
     reader = _Reader(path, files, stack)
+    if cfg.tie_embeddings:
+      _check_tied_head(reader, files, cfg)
     for entry in entries:
-      host = _host_param(entry, reader, dtype)
-      if entry.path == ("embed",) and cfg.tie_embeddings:
-        _check_tied_head(reader, files, host)
-      _set_path(params, entry.path, _place(host, entry, shardings))
-      del host
+      _set_path(params, entry.path, _read_sharded(
+          entry, reader, dtype, _get_path(shardings, entry.path)))
   return cfg, params
-
-
-def _place(host: np.ndarray, entry: _Entry, shardings: Params | None
-           ) -> jax.Array:
-  if shardings is None:
-    return jax.device_put(host)
-  sharding = _get_path(shardings, entry.path)
-  return jax.make_array_from_callback(host.shape, sharding,
-                                      lambda index: host[index])
 
 
 # ---------------------------------------------------------------------------

@@ -125,7 +125,7 @@ def extract_boxed(text: str,
 
 def _clean_answer(answer: str) -> str:
   """Strips math delimiters and trailing punctuation around an answer."""
-  answer = answer.strip().strip("*").strip()
+  answer = answer.strip().strip("*").strip().rstrip(".").strip()
   for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
     if (len(answer) >= len(left) + len(right) and answer.startswith(left) and
         answer.endswith(right)):
@@ -191,6 +191,21 @@ def check_answer(gold: str, response: str,
   return {"correct": bool(ok), "answer": answer}
 
 
+# Typical answers parsed once at worker start: the LaTeX parser (ANTLR) builds
+# its prediction cache lazily, and the first parse of a shape costs seconds.
+_WARM_UP_PAIRS = (("a^2-4", "\\boxed{(a+2)(a-2)}"),
+                  ("\\frac{1}{2}", "\\boxed{0.5}"),
+                  ("[1,3)", "\\boxed{[1, 3)}"),
+                  ("\\{1,2\\}", "\\boxed{\\{2, 1\\}}"),
+                  ("x=2", "Answer: 2"))
+
+
+def _warm_up() -> None:
+  config = MathRewardConfig()
+  for gold, response in _WARM_UP_PAIRS:
+    check_answer(gold, response, config)
+
+
 def _worker_main(conn: Any,
                  memory_limit_mb: int | None) -> None:
   """Worker loop: receive (gold, response, config), send the check's dict."""
@@ -200,7 +215,7 @@ def _worker_main(conn: Any,
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
   # math-verify warns once that its own timeout is off; the pool is the timeout.
   logging.getLogger("math_verify").setLevel(logging.CRITICAL)
-  import math_verify  # noqa: F401 - import before "ready" so checks start warm
+  _warm_up()
   conn.send("ready")
   while True:
     try:

@@ -64,6 +64,7 @@ def mirror_descent_loss(token_logp_PxKxT: jax.Array,
                         *,
                         tau: float,
                         baseline_kind: BaselineKind = "mean",
+                        valid_P: jax.Array | None = None,
                         ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Surrogate loss whose negative gradient is eq. 3 of the report.
 
@@ -73,9 +74,9 @@ def mirror_descent_loss(token_logp_PxKxT: jax.Array,
 
     A_j  = r_j - r_bar                      (r_bar from `baseline`)
     L_p  = -(1/K) sum_j [ s_j * A_j - (tau/2) * (s_j - ref_j)^2 ]
-    loss = (1/P) sum_p L_p
+    loss = (1/P') sum_{p valid} L_p         (P' = number of valid prompts)
 
-  so -grad(loss) = (1/P) sum_p (1/K) sum_j [ grad s_j * A_j
+  so -grad(loss) = (1/P') sum_p (1/K) sum_j [ grad s_j * A_j
                      - (tau/2) grad (s_j - ref_j)^2 ],   exactly eq. 3.
 
   The advantage carries no gradient (rewards do not depend on theta). At
@@ -90,36 +91,49 @@ def mirror_descent_loss(token_logp_PxKxT: jax.Array,
       length reward / penalties).
     tau: regularisation strength, > 0 (a Python float).
     baseline_kind: "mean" (default) or "soft" (tau log-mean-exp).
+    valid_P: optional 0/1 per prompt; padding prompts (0) are excluded from
+      the loss, its gradient and the metrics. None means all are valid.
 
   Returns:
-    (loss scalar, metrics) with metrics: reward_mean, baseline_mean,
-    advantage_mean, advantage_abs_mean, seq_logp_mean, log_ratio_mean,
-    log_ratio_sq_mean, pg_term (-(1/PK) sum s*A), penalty_term
-    ((tau/2PK) sum (s-ref)^2), n_tokens.
+    (loss scalar, metrics), metrics averaged over valid responses:
+    reward_mean, baseline_mean, advantage_mean, advantage_abs_mean,
+    seq_logp_mean, log_ratio_mean, log_ratio_sq_mean, pg_term (the s*A part
+    of the loss), penalty_term (the tau part), n_tokens.
   """
   if not tau > 0:
     raise ValueError(f"tau must be > 0, got {tau}")
+  P = reward_PxK.shape[0]
+  valid = (jnp.ones((P,), bool) if valid_P is None
+           else valid_P.astype(bool))
+  n_valid = jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0)
+
+  def mean_valid(x_PxK: jax.Array) -> jax.Array:
+    # where (not multiply) so non-finite padding cannot leak into the mean.
+    return jnp.sum(jnp.where(valid, jnp.mean(x_PxK, axis=-1), 0.0)) / n_valid
+
   seq_logp_PxK = sequence_logp(token_logp_PxKxT, mask_PxKxT)
-  reward = reward_PxK.astype(jnp.float32)
+  # Zeroing padded rewards keeps their advantage finite: a NaN there would
+  # reach the gradient as 0 * NaN even though the loss selects it away.
+  reward = jnp.where(valid[:, None], reward_PxK.astype(jnp.float32), 0.0)
   r_bar_P = baseline(reward, tau=tau, kind=baseline_kind)
   adv_PxK = jax.lax.stop_gradient(reward - r_bar_P[:, None])
   log_ratio_PxK = seq_logp_PxK - jax.lax.stop_gradient(
       ref_seq_logp_PxK.astype(jnp.float32))
-  pg_term = -jnp.mean(seq_logp_PxK * adv_PxK)
-  penalty_term = 0.5 * tau * jnp.mean(log_ratio_PxK ** 2)
-  # Mean over K then over P equals the mean over all P*K responses.
+  pg_term = -mean_valid(seq_logp_PxK * adv_PxK)
+  penalty_term = 0.5 * tau * mean_valid(log_ratio_PxK ** 2)
   loss = pg_term + penalty_term
   metrics = {
-      "reward_mean": jnp.mean(reward),
-      "baseline_mean": jnp.mean(r_bar_P),
-      "advantage_mean": jnp.mean(adv_PxK),
-      "advantage_abs_mean": jnp.mean(jnp.abs(adv_PxK)),
-      "seq_logp_mean": jnp.mean(seq_logp_PxK),
-      "log_ratio_mean": jnp.mean(log_ratio_PxK),
-      "log_ratio_sq_mean": jnp.mean(log_ratio_PxK ** 2),
+      "reward_mean": mean_valid(reward),
+      "baseline_mean": mean_valid(r_bar_P[:, None]),
+      "advantage_mean": mean_valid(adv_PxK),
+      "advantage_abs_mean": mean_valid(jnp.abs(adv_PxK)),
+      "seq_logp_mean": mean_valid(seq_logp_PxK),
+      "log_ratio_mean": mean_valid(log_ratio_PxK),
+      "log_ratio_sq_mean": mean_valid(log_ratio_PxK ** 2),
       "pg_term": pg_term,
       "penalty_term": penalty_term,
-      "n_tokens": jnp.sum(mask_PxKxT.astype(jnp.float32)),
+      "n_tokens": jnp.sum(jnp.where(valid[:, None, None],
+                                    mask_PxKxT.astype(jnp.float32), 0.0)),
   }
   return loss, metrics
 

@@ -87,7 +87,7 @@ class PromptSamplingConfig:
 
 def priority_weights(success_N: np.ndarray, floor: float) -> np.ndarray:
   """w_i = max(1 - s_i, floor)."""
-  return 1.0 - success_N + 1e-9
+  return np.maximum(1.0 - success_N, floor)
 
 
 class PromptSampler:

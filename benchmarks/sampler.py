@@ -1,0 +1,272 @@
+"""Sampler throughput, cached vs recomputed decoding, continuous vs static.
+
+  python benchmarks/sampler.py --json /tmp/sampler.json
+
+Measures, on the tiny config (experiments/tiny.py's model, max_seq_len raised
+to fit) and a Qwen2-shaped config:
+  - generated tokens/s at batch 8/32/64 (32-token prompts, 128 new tokens,
+    temperature 1), compile time separately;
+  - cached_vs_recompute_speedup: greedy decoding with the KV cache against
+    recomputing the full forward for every new token (outputs must match);
+  - continuous_vs_static_speedup: a long-tail mix (10% of requests need 8x
+    the median length) through the same engine with continuous batching vs
+    static batches of the slot count (each runs until its longest member is
+    done).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kimi_jax.model import transformer
+from kimi_jax.model.config import ModelConfig
+from kimi_jax.sampler import handoff
+from kimi_jax.sampler.driver import SampleRequest, Sampler
+from kimi_jax.sampler.engine import Engine, EngineConfig
+from kimi_jax.sampler.repetition import RepeatConfig
+from kimi_jax.sampler.sampling import SamplingParams
+from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
+
+PROMPT_LEN, NEW_TOKENS = 32, 128
+CACHE_LEN = PROMPT_LEN + NEW_TOKENS
+QWEN_SHAPED = ModelConfig(vocab_size=512, d_model=256, n_layers=4, n_heads=8,
+                          n_kv_heads=2, head_dim=32, mlp_dim=1024,
+                          tie_embeddings=True, qkv_bias=True,
+                          max_seq_len=CACHE_LEN)
+FALLBACK_TINY = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4,
+                            n_kv_heads=2, head_dim=16, mlp_dim=256,
+                            max_seq_len=CACHE_LEN)
+
+
+def tiny_config() -> tuple[str, ModelConfig]:
+  path = os.path.join(os.path.dirname(__file__), "..", "experiments",
+                      "tiny.py")
+  if not os.path.exists(path):
+    return "tiny (fallback)", FALLBACK_TINY
+  from kimi_jax.config import load_config
+  config = load_config(path, {"model.max_seq_len": CACHE_LEN})
+  return "tiny", ModelConfig.from_mapping(config.model.to_dict())
+
+
+def requests(cfg: ModelConfig, n: int, lengths: list[int], sampling,
+             seed: int = 0) -> list[SampleRequest]:
+  rng = np.random.default_rng(seed)
+  return [SampleRequest(i, tuple(int(t) for t in rng.integers(
+      0, cfg.vocab_size, PROMPT_LEN)), max_new_tokens=lengths[i],
+                        sampling=sampling(i)) for i in range(n)]
+
+
+def timed_generate(sampler: Sampler, reqs):
+  start = time.perf_counter()
+  out = sampler.generate(reqs)
+  return out, time.perf_counter() - start
+
+
+def throughput(cfg, params, batch: int, steps: int) -> tuple[dict, Engine]:
+  engine = Engine(cfg, EngineConfig(batch, CACHE_LEN, (PROMPT_LEN,)),
+                  params=params)
+  sampler = Sampler(engine, RepeatConfig(enabled=False), steps_per_call=steps)
+  seeded = lambda i: SamplingParams(seed=i)
+  # Warm-up: compiles every function the timed run uses.
+  _, compile_s = timed_generate(sampler, requests(cfg, 1, [steps + 1], seeded))
+  reqs = requests(cfg, batch, [NEW_TOKENS] * batch, seeded, seed=1)
+  _, wall = timed_generate(sampler, reqs)
+  stats = sampler.last_stats
+  return dict(batch=batch, tokens=stats.tokens_generated, seconds=wall,
+              tokens_per_s=stats.tokens_generated / wall,
+              compile_s=compile_s, compile_count=engine.compile_count()
+              ), engine
+
+
+def recompute_decode(cfg: ModelConfig):
+  """Greedy decoding that runs the full forward over the whole (padded)
+  sequence for every new token, all in one jitted loop (no host cost)."""
+
+  @jax.jit
+  def run(params, tokens_BxT, lengths_B):
+    B, T = tokens_BxT.shape
+    positions = jnp.broadcast_to(jnp.arange(T), (B, T))
+
+    def body(_, carry):
+      tokens, lengths = carry
+      segments = (positions < lengths[:, None]).astype(jnp.int32)
+      logits, _ = transformer.forward(params, tokens, positions, segments,
+                                      cfg=cfg)
+      last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None],
+                                 axis=1)[:, 0]
+      nxt = jnp.argmax(last, axis=-1).astype(jnp.int32)
+      tokens = tokens.at[jnp.arange(B), lengths].set(nxt)
+      return tokens, lengths + 1
+
+    return jax.lax.fori_loop(0, NEW_TOKENS, body, (tokens_BxT, lengths_B))[0]
+
+  return run
+
+
+def cached_vs_recompute(cfg, params, engine: Engine, steps: int,
+                        batch: int = 4) -> dict:
+  """`batch` sequences; the cached side runs them in the engine's (larger or
+  equal) slot count, which only handicaps it."""
+  greedy = lambda i: SamplingParams(greedy=True)
+  reqs = requests(cfg, batch, [NEW_TOKENS] * batch, greedy, seed=2)
+  sampler = Sampler(engine, RepeatConfig(enabled=False), steps_per_call=steps)
+  cached, cached_s = timed_generate(sampler, reqs)
+  run = recompute_decode(cfg)
+  tokens = np.zeros((batch, CACHE_LEN), np.int32)
+  tokens[:, :PROMPT_LEN] = [r.prompt for r in reqs]
+  lengths = np.full((batch,), PROMPT_LEN, np.int32)
+  start = time.perf_counter()
+  jax.block_until_ready(run(params, tokens, lengths))
+  compile_s = time.perf_counter() - start
+  start = time.perf_counter()
+  out = np.asarray(jax.block_until_ready(run(params, tokens, lengths)))
+  recompute_s = time.perf_counter() - start
+  same = all(tuple(out[b, PROMPT_LEN:]) == c.tokens
+             for b, c in enumerate(cached))
+  return dict(batch=batch, new_tokens=NEW_TOKENS, cached_s=cached_s,
+              recompute_s=recompute_s, recompute_compile_s=compile_s,
+              outputs_equal=same,
+              cached_vs_recompute_speedup=recompute_s / cached_s)
+
+
+def continuous_vs_static(cfg, engine: Engine, steps: int, n_requests: int = 64,
+                         median: int = 16) -> dict:
+  slots = engine.max_concurrent_decodes
+  # Every 10th request is long: 8x the median.
+  lengths = [median * 8 if i % 10 == 0 else median for i in range(n_requests)]
+  reqs = requests(cfg, n_requests, lengths, lambda i: SamplingParams(seed=i),
+                  seed=3)
+  sampler = Sampler(engine, RepeatConfig(enabled=False), steps_per_call=steps)
+  cont, cont_s = timed_generate(sampler, reqs)
+  cont_steps = sampler.last_stats.decode_steps
+  static, static_s, static_steps = [], 0.0, 0
+  for i in range(0, n_requests, slots):
+    out, seconds = timed_generate(sampler, reqs[i:i + slots])
+    static += out
+    static_s += seconds
+    static_steps += sampler.last_stats.decode_steps
+  assert [len(r.tokens) for r in cont] == lengths
+  return dict(slots=slots, requests=n_requests, median_len=median,
+              long_len=median * 8, continuous_s=cont_s, static_s=static_s,
+              continuous_steps=cont_steps, static_steps=static_steps,
+              same_outputs=cont == static,
+              continuous_vs_static_speedup=static_s / cont_s)
+
+
+def handoff_timings(cfg: ModelConfig, workdir: str) -> dict:
+  """The three weight-handoff paths into an engine on a mesh of every
+  device (tensor=2 when there are >= 2 devices, the rest data)."""
+  n = len(jax.devices())
+  mesh_cfg = MeshConfig(data=-1, tensor=2 if n >= 2 else 1)
+  sharder = Sharder(make_mesh(mesh_cfg))
+  engine = Engine(cfg, EngineConfig(8 * n, CACHE_LEN), sharder=sharder)
+  params = jax.jit(lambda k: transformer.init_params(cfg, k))(
+      jax.random.key(0))
+  on_device0 = jax.device_put(params, jax.devices()[0])
+  out = dict(devices=n, mesh=mesh_cfg.resolve(n),
+             param_bytes=sum(x.nbytes for x in jax.tree_util.tree_leaves(
+                 params)))
+  trainer_like = jax.block_until_ready(
+      jax.device_put(params, engine.param_shardings))
+  for name, src in (("shared", trainer_like), ("resharded", on_device0)):
+    reports = [engine.load_params(src) for _ in range(3)]
+    out[name] = dict(kind=reports[-1].kind,
+                     seconds=min(r.seconds for r in reports))
+  path = os.path.join(workdir, "handoff_params")
+  save_s = handoff.save_params(path, trainer_like)
+  reports = [engine.load_checkpoint(path) for _ in range(3)]
+  out["checkpoint"] = dict(kind=reports[-1].kind, save_seconds=save_s,
+                           seconds=min(r.seconds for r in reports))
+  return out
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--json", help="write results here")
+  parser.add_argument("--batches", default="8,32,64")
+  parser.add_argument("--steps-per-call", type=int, default=8)
+  parser.add_argument("--part", choices=("all", "handoff"), default="all",
+                      help="handoff: only the weight-handoff timings (run "
+                      "with several devices, e.g. XLA_FLAGS="
+                      "--xla_force_host_platform_device_count=8)")
+  args = parser.parse_args(argv)
+  if args.part == "handoff":
+    with tempfile.TemporaryDirectory() as tmp:
+      report = dict(handoff=handoff_timings(QWEN_SHAPED, tmp))
+    for name in ("shared", "resharded", "checkpoint"):
+      print(f"| {name} | {report['handoff'][name]['seconds'] * 1e3:.2f} ms |"
+            f" {report['handoff'][name]} |")
+    print(f"params: {report['handoff']['param_bytes'] / 2**20:.1f} MiB, "
+          f"mesh {report['handoff']['mesh']}")
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    return report
+  batches = [int(b) for b in args.batches.split(",")]
+  steps = args.steps_per_call
+  report = dict(device=str(jax.devices()[0].platform),
+                steps_per_call=steps, prompt_len=PROMPT_LEN,
+                new_tokens=NEW_TOKENS, configs={})
+  tiny_name, tiny = tiny_config()
+  for name, cfg in ((tiny_name, tiny), ("qwen2-shaped", QWEN_SHAPED)):
+    params = jax.jit(lambda k, c=cfg: transformer.init_params(c, k))(
+        jax.random.key(0))
+    rows, engines = [], {}
+    for b in batches:
+      row, engines[b] = throughput(cfg, params, b, steps)
+      rows.append(row)
+      print(f"[{name}] batch {b}: {row['tokens_per_s']:.0f} tok/s "
+            f"(compile {row['compile_s']:.1f}s)", file=sys.stderr)
+    small = engines[min(batches)]  # its slots also serve the comparisons
+    entry = dict(model=cfg.__dict__, throughput=rows,
+                 cached_vs_recompute=cached_vs_recompute(cfg, params, small,
+                                                         steps))
+    if name.startswith("tiny"):
+      entry["continuous_vs_static"] = continuous_vs_static(cfg, small, steps)
+    report["configs"][name] = entry
+  print_table(report)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=1, default=str)
+  return report
+
+
+def print_table(report: dict) -> None:
+  print(f"\nsampler benchmark ({report['device']}, prompt "
+        f"{report['prompt_len']}, {report['new_tokens']} new tokens, "
+        f"{report['steps_per_call']} steps per call)")
+  print("| config | batch | tokens/s | wall s | compile s | compilations |")
+  print("|---|---|---|---|---|---|")
+  for name, entry in report["configs"].items():
+    for r in entry["throughput"]:
+      print(f"| {name} | {r['batch']} | {r['tokens_per_s']:.0f} | "
+            f"{r['seconds']:.2f} | {r['compile_s']:.1f} | "
+            f"{sum(r['compile_count'].values())} |")
+  print("\n| config | measure | value | detail |")
+  print("|---|---|---|---|")
+  for name, entry in report["configs"].items():
+    c = entry["cached_vs_recompute"]
+    print(f"| {name} | cached_vs_recompute_speedup | "
+          f"{c['cached_vs_recompute_speedup']:.1f}x | batch {c['batch']}: "
+          f"cached {c['cached_s']:.2f}s, recompute {c['recompute_s']:.2f}s, "
+          f"outputs equal: {c['outputs_equal']} |")
+    if "continuous_vs_static" in entry:
+      s = entry["continuous_vs_static"]
+      print(f"| {name} | continuous_vs_static_speedup | "
+            f"{s['continuous_vs_static_speedup']:.1f}x | {s['requests']} "
+            f"requests, {s['slots']} slots: continuous {s['continuous_s']:.2f}s"
+            f" / {s['continuous_steps']} steps, static {s['static_s']:.2f}s / "
+            f"{s['static_steps']} steps, same outputs: {s['same_outputs']} |")
+
+
+if __name__ == "__main__":
+  main()

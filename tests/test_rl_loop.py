@@ -1,0 +1,162 @@
+"""The main job end to end on the micro config: artefacts, config errors,
+NaN guard, and resumption after SIGKILL without losing or repeating work."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from kimi_jax.config import ConfigError, load_config
+from kimi_jax import checkpoint as ckpt_lib
+from kimi_jax import run as run_lib
+from kimi_jax import train_step as ts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "experiments", "tiny.py")
+
+
+def micro(**overrides):
+  return load_config(TINY + ":micro", overrides)
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("rl.token_budget", 100, "config.rl.token_budget"),
+    ("rl.samples_per_prompt", 1, "config.rl.samples_per_prompt"),
+    ("rl.tau", 0.0, "config.rl.tau"),
+    ("rl.loss", "ppo", "config.rl.loss"),
+    ("sampler.cache_len", 128, "config.sampler.cache_len"),
+    ("rl.max_response_len", 64, "config.rl.max_response_len"),
+    ("prompt_sampling.curriculum", "sideways", "curriculum"),
+])
+def test_bad_config_is_rejected_naming_the_key(key, value, needle):
+  with pytest.raises((ConfigError, ValueError), match=needle.replace(".", r"\.")):
+    run_lib.parse_config(micro(**{key: value}))
+
+
+def test_unknown_and_mistyped_overrides_are_rejected():
+  with pytest.raises(ConfigError, match="rl.iteratoins"):
+    micro(**{"rl.iteratoins": 3})
+  with pytest.raises(ConfigError, match="rl.iterations"):
+    load_config(TINY, ["--config.rl.iterations=many"])
+
+
+def test_micro_run_writes_metrics_plots_and_bounded_compiles(tmp_path):
+  cfg = micro(**{"log.plots": True})
+  summary = run_lib.train_and_evaluate(cfg, str(tmp_path))
+  rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  rl_rows = [r for r in rows if r["stage"] == "rl"]
+  assert [r["step"] for r in rl_rows] == [1, 2, 3]
+  trained = [r for r in rl_rows if "loss" in r]
+  assert trained, "no iteration trained on a finished group"
+  for key in ("reward", "accuracy", "length_mean", "length_p95",
+              "frac_partial", "length_reward_weight", "grad_norm",
+              "rollout_tokens_per_s", "train_tokens_per_s", "handoff_s"):
+    assert key in trained[-1], key
+  # Length-reward weight: 0 during the 1-iteration warm-up, then constant.
+  weights = {r["step"]: r["length_reward_weight"] for r in trained}
+  assert all(w == (0.0 if s == 1 else 0.1) for s, w in weights.items())
+  assert any(r["stage"] == "eval" for r in rows)
+  for png in ("rl_curves.png", "eval_curves.png", "sft_curves.png"):
+    assert (tmp_path / png).stat().st_size > 1000, png
+  events = [f for f in os.listdir(tmp_path / "tensorboard")
+            if f.startswith("events.out.tfevents")]
+  assert events
+  # Shapes are bucketed: the train step compiles at most once per bucket.
+  assert 1 <= summary["compiles"]["train_step"] <= len(
+      cfg.rl.train_len_buckets)
+  # Handoff used the trainer's arrays directly.
+  assert all(r["handoff_shared"] == 1.0 for r in rl_rows)
+
+
+def test_train_step_skips_non_finite_update():
+  import jax
+  import jax.numpy as jnp
+  from kimi_jax.model import transformer
+  from kimi_jax.model.config import ModelConfig
+  from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
+  cfg = ModelConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2,
+                    n_kv_heads=1, head_dim=8, mlp_dim=32)
+  sharder = Sharder(make_mesh(MeshConfig(data=1), jax.devices()[:1]))
+  opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=0.1))
+  shardings = ts.state_shardings(opt, cfg, sharder)
+  params = transformer.init_sharded(cfg, jax.random.key(0), sharder)
+  state = ts.create_state(params, opt, shardings)
+  before = jax.device_get(state.params)
+  batch = {"x": jnp.ones((2,))}
+
+  def nan_loss(p, b):
+    return jnp.sum(p["embed"]) * jnp.nan + b["x"].sum(), {}
+
+  step, _ = ts.jit_train_step(nan_loss, opt, shardings,
+                              {"x": sharder.replicated()})
+  state, m = step(state, batch)
+  assert float(m["finite"]) == 0.0
+  np.testing.assert_array_equal(jax.device_get(state.params["embed"]),
+                                before["embed"])
+  assert int(state.step) == 0
+
+
+def test_divergence_stops_run_and_keeps_last_good_checkpoint(tmp_path):
+  cfg = micro(**{"rl.learning_rate": 1e30, "rl.iterations": 4})
+  with pytest.raises(ts.NonFiniteError, match="not finite"):
+    run_lib.train_and_evaluate(cfg, str(tmp_path))
+  ckpt = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
+  host = ckpt.restore_host()
+  assert host["stage"] == "rl"
+  params_like = None
+  # The kept checkpoint holds finite params.
+  from kimi_jax.model import transformer
+  model_cfg = run_lib.parse_config(cfg).model
+  import jax
+  from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
+  sharder = Sharder(make_mesh(MeshConfig(data=1), jax.devices()[:1]))
+  params, _, _ = ckpt.restore(
+      params_like=transformer.abstract_params(model_cfg),
+      params_shardings=transformer.param_shardings(model_cfg, sharder))
+  assert all(np.isfinite(np.asarray(x)).all()
+             for x in jax.tree.leaves(params))
+
+
+def _launch(workdir, extra=()):
+  cmd = [sys.executable, os.path.join(ROOT, "launch", "tpu_run.py"),
+         "--config", TINY + ":micro", "--workdir", str(workdir),
+         "--config.rl.iterations=6", "--config.checkpoint.every_iterations=1",
+         *extra]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def test_sigkill_resume_loses_nothing_and_trains_nothing_twice(tmp_path):
+  rng = random.Random(1234)
+  kills = 0
+  for attempt in range(3):
+    proc = _launch(tmp_path)
+    # Kill somewhere between start-up and the end of the run.
+    deadline = time.time() + rng.uniform(8.0, 30.0)
+    while time.time() < deadline and proc.poll() is None:
+      time.sleep(0.2)
+    if proc.poll() is None:
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+      kills += 1
+  proc = _launch(tmp_path)
+  out, _ = proc.communicate(timeout=600)
+  assert proc.returncode == 0, out[-3000:]
+  assert kills >= 1
+  host = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints")).restore_host()
+  assert host["iteration"] == 6
+  trained = host["ledger"]["trained_groups"]
+  assert len(trained) == len(set(trained)), "a group was trained twice"
+  # Every group ever opened was trained or is still in flight: nothing lost.
+  in_flight = {t["group_id"] for g in host["buffer"]["groups"] for t in g}
+  opened = host["buffer"]["next_group_id"]
+  assert set(trained) | in_flight == set(range(opened))
+  assert not set(trained) & in_flight
+  assert os.path.exists(tmp_path / "summary.json")
