@@ -33,7 +33,9 @@ from kimi_jax.rl.loop import RLLoop
 from kimi_jax.sampler.driver import Sampler
 from kimi_jax.sampler.engine import Engine, EngineConfig
 from kimi_jax.sampler.repetition import RepeatConfig
-from kimi_jax.sharding import MeshConfig, Sharder, make_mesh, rules_from_config
+from kimi_jax.sharding import (MeshConfig, Sharder, make_mesh,
+                               process_local_to_global, process_rows,
+                               rules_from_config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,12 +183,17 @@ def initial_params(setup: Setup):
   cfg = setup.cfg
   if cfg.init_from_hf:
     from kimi_jax.model import hf
-    hf_cfg, params = hf.load_hf_checkpoint(cfg.init_from_hf,
-                                           sharder=setup.sharder)
-    if hf_cfg.n_layers != cfg.model.n_layers or (
-        hf_cfg.d_model != cfg.model.d_model):
-      raise ConfigError(f"config.model does not match {cfg.init_from_hf}: "
-                        f"{hf_cfg} vs {cfg.model}")
+    hf_cfg, params = hf.load_hf_checkpoint(
+        cfg.init_from_hf, sharder=setup.sharder,
+        param_dtype=cfg.model.param_dtype)
+    arch = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+            "head_dim", "mlp_dim", "tie_embeddings", "qkv_bias")
+    wrong = [f"model.{k}: config {getattr(cfg.model, k)} vs checkpoint "
+             f"{getattr(hf_cfg, k)}" for k in arch
+             if getattr(cfg.model, k) != getattr(hf_cfg, k)]
+    if wrong:
+      raise ConfigError(f"config does not match {cfg.init_from_hf}: " +
+                        "; ".join(wrong))
     return params
   return transformer.init_sharded(cfg.model, jax.random.key(cfg.seed),
                                   setup.sharder)
@@ -217,8 +224,10 @@ def run_sft(setup: Setup, state: ts.TrainState, start_step: int,
                                setup.tokenizer, setup.task.encode_prompt)
   dataset = sft_lib.make_dataset(pairs, cfg.sft, setup.tokenizer.pad_id,
                                  cfg.seed)
-  shapes = {k: v.shape for k, v in dataset[0].items()}
+  shapes = {k: (cfg.sft.batch_size,) + v.shape
+            for k, v in dataset[0].items()}
   batch_sh = ts.batch_shardings(setup.sharder, shapes)
+  rows = process_rows(batch_sh["tokens"], shapes["tokens"])
   loss_fn = lambda p, b: ts.cross_entropy_loss(p, b, cfg=cfg.model,
                                                sharder=setup.sharder)
   step_fn, counter = ts.jit_train_step(loss_fn, setup.optimizer_sft,
@@ -227,7 +236,10 @@ def run_sft(setup: Setup, state: ts.TrainState, start_step: int,
   t0 = time.perf_counter()
   for step in _progress(range(start_step, cfg.sft.steps), cfg.sft.steps,
                         "warm start (SFT)", cfg.progress, start_step):
-    state, m = step_fn(state, dataset[step])
+    local = sft_lib.load_rows(dataset, step, cfg.sft.batch_size, rows)
+    batch = {k: process_local_to_global(v, batch_sh[k], shapes[k])
+             for k, v in local.items()}
+    state, m = step_fn(state, batch)
     if (step + 1) % 10 == 0 or step + 1 == cfg.sft.steps:
       m = jax.device_get(m)
       if not m["finite"]:

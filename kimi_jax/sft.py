@@ -1,8 +1,9 @@
 """Supervised warm start: next-token training on (prompt, solution) pairs.
 
-The loss counts only solution tokens (and the closing eos). Batches come from
-a Grain `MapDataset` (shuffled, repeated, random access), so batch i is a pure
+The loss counts only solution tokens (and the closing eos). Rows come from a
+Grain `MapDataset` (shuffled, repeated, random access), so batch i is a pure
 function of (seed, i): the data-iterator state a checkpoint needs is the step.
+In a multi-process run each process reads only the rows its devices hold.
 """
 
 from __future__ import annotations
@@ -54,10 +55,16 @@ def encode_pair(prompt_ids: Sequence[int], solution_ids: Sequence[int],
 
 def make_dataset(pairs: Sequence[tuple[list[int], list[int]]], cfg: SFTConfig,
                  pad_id: int, seed: int) -> grain.MapDataset:
-  """Shuffled, repeated batches of encoded rows; `ds[i]` is batch i."""
+  """Shuffled, repeated encoded rows; row i of batch b is `ds[b*B + i]`."""
   return (grain.MapDataset.source(list(pairs)).shuffle(seed=seed).repeat()
-          .map(lambda p: encode_pair(p[0], p[1], cfg.seq_len, pad_id))
-          .batch(cfg.batch_size))
+          .map(lambda p: encode_pair(p[0], p[1], cfg.seq_len, pad_id)))
+
+
+def load_rows(dataset: grain.MapDataset, step: int, batch_size: int,
+              rows: range) -> dict[str, np.ndarray]:
+  """Rows `rows` of batch `step`: each process loads only its own rows."""
+  items = [dataset[step * batch_size + r] for r in rows]
+  return {k: np.stack([it[k] for it in items]) for k in items[0]}
 
 
 def encode_texts(texts: Sequence[tuple[str, str]], tokenizer,

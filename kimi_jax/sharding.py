@@ -176,6 +176,35 @@ class Sharder:
     return NamedSharding(self.mesh, PartitionSpec())
 
 
+def host_to_global(x: np.ndarray, sharding: jax.sharding.Sharding
+                   ) -> jax.Array:
+  """A global array from a host array that every process holds in full.
+
+  Each process places only the shards its own devices hold, so this works
+  the same in one process and across the hosts of a pod.
+  """
+  x = np.asarray(x)
+  return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
+def process_rows(sharding: jax.sharding.Sharding, shape: Sequence[int]
+                 ) -> range:
+  """The leading-axis rows that this process's devices hold."""
+  starts, stops = [], []
+  for index in sharding.addressable_devices_indices_map(tuple(shape)).values():
+    rows = index[0] if index else slice(None)
+    starts.append(rows.start or 0)
+    stops.append(shape[0] if rows.stop is None else rows.stop)
+  return range(min(starts), max(stops))
+
+
+def process_local_to_global(local: np.ndarray, sharding: jax.sharding.Sharding,
+                            global_shape: Sequence[int]) -> jax.Array:
+  """A global array from the rows (see `process_rows`) this process holds."""
+  return jax.make_array_from_process_local_data(sharding, np.asarray(local),
+                                                tuple(global_shape))
+
+
 def constrain(sharder: Sharder | None, x: jax.Array,
               logical: Sequence[str | None]) -> jax.Array:
   """Sharding constraint, or identity when running without a mesh."""

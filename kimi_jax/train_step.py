@@ -150,8 +150,10 @@ def jit_train_step(loss_fn: LossFn, optimizer, shardings: TrainState,
       lambda state, batch: train_step(state, batch, loss_fn=loss_fn,
                                       optimizer=optimizer,
                                       grad_shardings=shardings.params))
+  # Metrics come back replicated so every process can read them.
   step = jax.jit(counter, in_shardings=(shardings, batch_sharding),
-                 out_shardings=(shardings, None), donate_argnums=(0,))
+                 out_shardings=(shardings, shardings.step),
+                 donate_argnums=(0,))
   return step, counter
 
 

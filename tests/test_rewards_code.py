@@ -1,4 +1,4 @@
-"""Code reward in the real sandbox: stdin/stdout and function tests, tampering."""
+"""Code reward in the real sandbox: stdio and function tests, tampering."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ CORRECT = {
 
 # Each must fail: (description, language, program).
 BAD_STDIO = [
-    ("wrong answer", "python", "a, b = map(int, input().split())\nprint(a - b)"),
+    ("wrong answer", "python",
+     "a, b = map(int, input().split())\nprint(a - b)"),
     ("right for the first case only", "python", "print(3)"),
     ("sys.exit(0) before any output", "python", "import sys\nsys.exit(0)"),
     ("os._exit(0)", "python", "import os\nos._exit(0)"),
@@ -271,3 +272,16 @@ def test_works_through_http_client_and_threads(sandbox):
   finally:
     srv.shutdown()
     srv.server_close()
+
+
+def test_stderr_noise_is_ignored_but_stdout_is_capped(sandbox):
+  reward = CodeReward(sandbox, max_output_bytes=1000)
+  tests = [{"input": "1 2\n", "output": "3\n"}]
+  noisy = ("import sys\nsys.stderr.write('debug ' * 20000)\n"
+           "a, b = map(int, input().split())\nprint(a + b)\n")
+  flood = "print('3' + ' ' * 5000)\n"  # right answer, but 5 KB of output
+  results = reward.batch([{"id": "n", "prompt": "", "tests": tests}] * 2,
+                         [noisy, flood])
+  assert results[0].correct, results[0].info
+  assert not results[1].correct
+  assert results[1].info["status"] == "output_limit"

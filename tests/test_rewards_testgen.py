@@ -1,4 +1,4 @@
-"""Test-case generation (report 2.3.5) with real CYaRon generators and sandbox."""
+"""Test-case generation (report 2.3.5): real CYaRon generators, sandbox."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def sandbox():
   box.close()
 
 
-# -- pure parts -----------------------------------------------------------------
+# -- pure parts ---------------------------------------------------------------
 
 def test_vote_needs_min_agreement():
   outputs = [["3\n", "3", "3 ", "4"],  # 3 agree after normalisation
@@ -76,7 +76,7 @@ def test_validate_problem_names_the_field(obj, field):
   assert info.value.field == field
 
 
-# -- with the sandbox -----------------------------------------------------------
+# -- with the sandbox ---------------------------------------------------------
 
 def test_generator_runs_cyaron_in_the_sandbox_with_distinct_seeds(sandbox):
   gen = _problems()["sum"]["generator"]

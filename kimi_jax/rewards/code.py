@@ -176,9 +176,11 @@ def run_case(cmd, extra_mb, data, job):
        open("case.err", "wb") as ferr:
     p = subprocess.Popen(cmd, stdin=fin, stdout=fout, stderr=ferr,
                          start_new_session=True, close_fds=True,
+                         # The file-size cap also bounds stderr; stdout's own
+                         # cap is checked on the bytes read back.
                          preexec_fn=rlimits(job["time_limit_s"],
                                             job["memory_mb"] + extra_mb,
-                                            cap + 1))
+                                            max(cap + 1, 1 << 20)))
     try:
       rc = p.wait(timeout=job["time_limit_s"] * 2 + 0.5)
     except subprocess.TimeoutExpired:
@@ -643,6 +645,7 @@ class CodeReward:
         continue
       failed = [v for v in verdicts.get(i, []) if not v["passed"]]
       passed = bool(verdicts.get(i)) and not failed
-      info = {} if passed else dict(failed[0]) if failed else {}
+      info = {k: v for k, v in failed[0].items() if k != "passed"} \
+          if failed else {}
       out.append(RewardResult(1.0 if passed else 0.0, passed, info=info))
     return out

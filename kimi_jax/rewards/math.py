@@ -34,7 +34,8 @@ _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
 # A final "Answer: ..." / "Final answer: ..." line. Greedy `.+` (not lazy with
 # a trailing `\s*$`) keeps matching linear on long lines.
 DEFAULT_ANSWER_PATTERNS = (
-    r"(?im)^[ \t*#]*(?:the[ \t]+)?(?:final[ \t]+)?answer[ \t*]*(?:is)?[ \t]*[:：][ \t*]*(.+)$",
+    r"(?im)^[ \t*#]*(?:the[ \t]+)?(?:final[ \t]+)?answer[ \t*]*(?:is)?"
+    r"[ \t]*[:：][ \t*]*(.+)$",
 )
 
 
@@ -326,7 +327,7 @@ class MathVerifyPool:
     self._workers[self._workers.index(worker)] = self._spawn()
 
   def run(self, tasks: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Checks (gold, response) pairs; results in order, never raises per item."""
+    """Checks (gold, response) pairs; results in order, no per-item raise."""
     with self._lock:
       return self._run_locked(tasks)
 
@@ -414,7 +415,7 @@ def _to_result(out: Mapping[str, Any]) -> RewardResult:
   correct = bool(out.get("correct"))
   return RewardResult(score=1.0 if correct else 0.0, correct=correct,
                       error=out.get("error"),
-                      info={"answer": out.get("answer")})
+                      info={"answer": (out.get("answer") or "")[:200] or None})
 
 
 class MathReward:
@@ -448,7 +449,8 @@ class MathReward:
         tasks.append(self._task(record, response))
       except Exception as exc:  # noqa: BLE001 - one bad record scores 0
         tasks.append(None)
-        early[i] = RewardResult(0.0, False, error=f"{type(exc).__name__}: {exc}")
+        early[i] = RewardResult(0.0, False,
+                                error=f"{type(exc).__name__}: {exc}")
     todo = [i for i, t in enumerate(tasks) if t is not None]
     outs = self._pool.run([tasks[i] for i in todo]) if todo else []
     results = dict(early)

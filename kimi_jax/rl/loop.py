@@ -29,6 +29,7 @@ from kimi_jax import train_step as ts
 from kimi_jax.rewards.base import score_all
 from kimi_jax.rl import batching, length_reward, prompt_sampling
 from kimi_jax.rl import replay_buffer, rollout, trainer
+from kimi_jax.sharding import host_to_global
 
 RL_PANELS = (
     ("reward", ("reward", "task_reward")),
@@ -43,6 +44,20 @@ RL_PANELS = (
 )
 EVAL_PANELS = (("held-out", ("pass_at_1", "greedy_accuracy")),
                ("held-out response length", ("mean_length",)))
+
+
+_MODEL_KEYS = ("tokens", "targets", "positions", "segment_ids", "mask")
+_TRAIN_KEYS = _MODEL_KEYS + ("reward", "correct", "ref_seq_logp", "valid")
+
+
+def _model_inputs(mb: dict) -> dict:
+  """What the reference forward needs; a fixed key set so the jitted
+  functions see one structure."""
+  return {k: mb[k] for k in _MODEL_KEYS}
+
+
+def _train_inputs(mb: dict) -> dict:
+  return {k: mb[k] for k in _TRAIN_KEYS}
 
 
 def _p95(x) -> float:
@@ -85,12 +100,17 @@ class RLLoop:
           self.s.task.train[index])
     return self._encoded[index]
 
-  def step_fn(self, batch: dict[str, np.ndarray]):
+  def to_global(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Places a host batch that every process holds in full."""
+    sh = ts.batch_shardings(self.s.sharder,
+                            {k: v.shape for k, v in batch.items()})
+    return {k: host_to_global(v, sh[k]) for k, v in batch.items()}
+
+  def step_fn(self, batch: dict[str, Any]):
     """The jitted train step for this batch shape (one compile per shape)."""
     key = tuple(sorted((k, v.shape) for k, v in batch.items()))
     if key not in self._steps:
-      sh = ts.batch_shardings(self.s.sharder,
-                              {k: v.shape for k, v in batch.items()})
+      sh = {k: v.sharding for k, v in batch.items()}
       loss_fn = lambda p, b: trainer.policy_loss(
           p, b, cfg=self.s.cfg.model, rl=self.rl, sharder=self.s.sharder)
       fn, counter = ts.jit_train_step(loss_fn, self.s.optimizer_rl,
@@ -166,9 +186,23 @@ class RLLoop:
         "frac_partial": float(partial.mean()),
         "repeat_responses": int(repeat.sum()),
         "reward_errors": sum(x.error is not None for x in scored),
-        "groups_trained": P,
+        "groups_scored": P,
     }
     return {"reward": total, "correct": correct}, stats
+
+  def informative(self, scores: dict) -> np.ndarray:
+    """Groups that carry a learning signal, P bools.
+
+    With mirror descent, a group whose K rewards are all equal has zero
+    advantage everywhere; at theta = theta_i its gradient is exactly zero and
+    what is computed is rounding noise, which Adam (scale-free) would turn
+    into a full-size step. Such groups are counted and left out. ReST learns
+    from every group with a correct response.
+    """
+    if self.rl.loss == "rest":
+      return scores["correct"].any(axis=1)
+    r = scores["reward"]
+    return r.max(axis=1) > r.min(axis=1)
 
   def train_phase(self, it: int, state: ts.TrainState, groups: list,
                   scores: dict) -> tuple[ts.TrainState, dict]:
@@ -187,7 +221,8 @@ class RLLoop:
       state = state.replace(opt_state=self._reset_opt(state.params))
     # The reference pi_theta_i: the policy before this iteration's updates.
     for mb in mbs:
-      mb["ref_seq_logp"] = np.asarray(self._seq_logp(state.params, mb))
+      mb["ref_seq_logp"] = np.asarray(self._seq_logp(
+          state.params, self.to_global(_model_inputs(mb))))
     mismatch = float(np.mean(np.abs(
         np.concatenate([mb["ref_seq_logp"] - mb["sampler_seq_logp"]
                         for mb in mbs])[:len(groups)])))
@@ -196,8 +231,7 @@ class RLLoop:
     n_tokens = 0
     for _ in range(rl.epochs):
       for mb in mbs:
-        batch = {k: v for k, v in mb.items()
-                 if k not in ("lengths", "sampler_seq_logp")}
+        batch = self.to_global(_train_inputs(mb))
         state, m = self.step_fn(batch)(state, batch)
         m = jax.device_get(m)
         if not m["finite"]:
@@ -210,7 +244,7 @@ class RLLoop:
     train_s = time.perf_counter() - t0
     stats = {k: float(np.mean([h[k] for h in history]))
              for k in ("loss", "grad_norm", "update_norm", "param_norm")}
-    stats.update(train_s=train_s, train_tokens_per_s=n_tokens / max(
+    stats.update(groups_trained=len(groups), train_s=train_s, train_tokens_per_s=n_tokens / max(
         train_s, 1e-9), logp_mismatch=mismatch, train_len=arrays[
             "tokens"].shape[-1])
     return state, stats
@@ -242,14 +276,20 @@ class RLLoop:
       row = dict(roll)
       if groups:
         scores, score_stats = self.score(it, groups)
-        state, train_stats = self.train_phase(it, state, groups, scores)
+        keep = self.informative(scores)
+        row.update(score_stats, groups_uninformative=int((~keep).sum()))
+        if keep.any():
+          state, train_stats = self.train_phase(
+              it, state, [g for g, k in zip(groups, keep) if k],
+              {name: v[keep] for name, v in scores.items()})
+          row.update(train_stats)
         self.prompts.update([g.prompt_index for g in groups],
                             list(scores["correct"].mean(axis=1)))
+        # Finished groups are consumed exactly once, trained on or not.
         self.ledger["trained_groups"] = self.ledger["trained_groups"] + [
             g.group_id for g in groups]
         self.ledger["trained_responses"] += len(groups) * len(
             groups[0].trajectories)
-        row.update(score_stats, **train_stats)
       row.update(in_flight_groups=len(self.buffer),
                  iteration_s=time.perf_counter() - t_iter,
                  **{f"compiles_{k}": v for k, v in

@@ -34,25 +34,24 @@ def seq_logp(params, batch, *, cfg: ModelConfig, sharder: Sharder | None
              ) -> jax.Array:
   """log pi(y|x) over the loss mask, P x K: the iteration's reference."""
   logp = token_logp_PxKxT(params, batch, cfg=cfg, sharder=sharder)
-  return losses.sequence_logp(logp, batch["mask"])
+  out = losses.sequence_logp(logp, batch["mask"])
+  # Replicated: the host of every process reads it back.
+  return out if sharder is None else jax.lax.with_sharding_constraint(
+      out, sharder.replicated())
 
 
 def policy_loss(params, batch, *, cfg: ModelConfig, rl: RLConfig,
                 sharder: Sharder | None):
   """Mirror descent (report eq. 3) or ReST, chosen by `rl.loss`.
 
-  Padding prompts (valid_P = 0) have zero mask and zero advantage; the
-  mirror-descent mean over prompts is rescaled to count real prompts only.
+  Padding prompts (valid_P = 0) are left out of the loss and its metrics.
   """
   logp = token_logp_PxKxT(params, batch, cfg=cfg, sharder=sharder)
   if rl.loss == "rest":
     return losses.rest_loss(logp, batch["mask"], batch["correct"])
-  loss, metrics = losses.mirror_descent_loss(
+  return losses.mirror_descent_loss(
       logp, batch["ref_seq_logp"], batch["mask"], batch["reward"],
-      tau=rl.tau, baseline_kind=rl.baseline)
-  valid = batch["valid"].astype(jnp.float32)
-  scale = valid.shape[0] / jnp.maximum(valid.sum(), 1.0)
-  return loss * scale, metrics
+      tau=rl.tau, baseline_kind=rl.baseline, valid_P=batch["valid"])
 
 
 def make_seq_logp_fn(cfg: ModelConfig, sharder: Sharder | None):

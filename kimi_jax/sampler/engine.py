@@ -270,7 +270,8 @@ class Engine:
     last_1xV = jax.lax.dynamic_index_in_dim(logits_1xTxV[0], length - 1,
                                             keepdims=True)
     batched = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], sampling)
-    token_1, logprob_1 = sample_tokens(last_1xV, batched, first_index[None])
+    token_1, logprob_1 = self._replicated(
+        sample_tokens(last_1xV, batched, first_index[None]))
     return Prefix(k=cache.k, v=cache.v, length=length, token=token_1[0],
                   logprob=logprob_1[0], index=first_index + 1,
                   sampling=sampling)
@@ -314,7 +315,15 @@ class Engine:
         lambda s, _: self._step(params, s), state, None, length=n_steps)
     if self._state_shardings is not None:
       state = jax.lax.with_sharding_constraint(state, self._state_shardings)
+    tokens_NxB, logprobs_NxB = self._replicated((tokens_NxB, logprobs_NxB))
     return state, tokens_NxB, logprobs_NxB
+
+  def _replicated(self, tree):
+    """What the host reads back is replicated, so every process (multi-host
+    runs) can read all of it."""
+    if self.sharder is None:
+      return tree
+    return jax.lax.with_sharding_constraint(tree, self.sharder.replicated())
 
   def _free_fn(self, state: DecodeState, slot) -> DecodeState:
     self._traces["free_resource"] += 1
