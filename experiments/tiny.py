@@ -77,24 +77,27 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   ))
 
   c.rl = ml_collections.ConfigDict(dict(
-      iterations=60,
+      iterations=80,
       prompts_per_iteration=32,
       samples_per_prompt=8,
       loss="mirror_descent",  # or "rest"
       tau=1.0,
       baseline="mean",  # or "soft"
-      learning_rate=1e-3,
+      learning_rate=2e-4,
       grad_clip=1.0,
       minibatch_prompts=16,
-      epochs=1,
+      epochs=2,
       reset_optimizer=True,
       max_response_len=32,
       # Partial rollouts: tokens a trajectory may generate per iteration.
       token_budget=12,
       max_wait_iterations=4,
-      train_on_old_segments=False,
+      # Long chains span three iterations and the first token decides
+      # between reasoning and a direct answer: train on every segment
+      # (see docs/loop.md).
+      train_on_old_segments=True,
       length_reward_weight=0.1,
-      length_reward_warmup=30,
+      length_reward_warmup=40,
       repeat_penalty=-1.0,
       train_len_buckets=(16, 32, 48),
       eval_every=10,

@@ -21,6 +21,8 @@ class DistributedConfig:
   process_id: int | None = None
   # Devices per process for the CPU backend (tests, laptops).
   cpu_devices: int | None = None
+  # When one process dies, the others stop after this many seconds.
+  heartbeat_timeout_seconds: int = 100
 
   @property
   def explicit(self) -> bool:
@@ -52,8 +54,27 @@ def initialize(cfg: DistributedConfig) -> None:
     if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get(
         "JAX_PLATFORMS", "") == "cpu":
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=cfg.coordinator_address,
-                               num_processes=cfg.num_processes,
-                               process_id=cfg.process_id)
+    jax.distributed.initialize(
+        coordinator_address=cfg.coordinator_address,
+        num_processes=cfg.num_processes, process_id=cfg.process_id,
+        heartbeat_timeout_seconds=cfg.heartbeat_timeout_seconds)
   elif on_tpu_pod():
-    jax.distributed.initialize()
+    jax.distributed.initialize(
+        heartbeat_timeout_seconds=cfg.heartbeat_timeout_seconds)
+
+
+def fail(message: str, exc: BaseException | None = None) -> None:
+  """Shows the error and exits at once, without the shutdown barrier.
+
+  Waiting at the barrier would hang on the processes still inside a
+  collective; exiting lets the coordination service see this process die,
+  and the others stop with an error after the heartbeat timeout.
+  """
+  import sys
+  import traceback
+  if exc is not None:
+    traceback.print_exception(exc, file=sys.stderr)
+  print(f"process {jax.process_index()}: {message}", file=sys.stderr,
+        flush=True)
+  sys.stdout.flush()
+  os._exit(1)

@@ -35,27 +35,36 @@ def parse_args(argv):
   p.add_argument("--process_id", type=int, default=None)
   p.add_argument("--cpu_devices", type=int, default=None,
                  help="number of devices per process on the CPU backend")
+  p.add_argument("--heartbeat_timeout_seconds", type=int, default=100,
+                 help="multi-process: how soon the others stop after one "
+                 "process dies")
   args = p.parse_args(rest)
   return args, overrides
 
 
 def main(argv=None):
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  from kimi_jax.config import ConfigError, load_config
+  # Validate before joining the other processes: a bad config fails fast.
+  try:
+    config = load_config(args.config, overrides)
+    from kimi_jax.run import parse_config
+    parse_config(config)
+  except (ConfigError, ValueError) as exc:
+    sys.exit(f"config error: {exc}")
   from kimi_jax import distributed
   distributed.initialize(distributed.DistributedConfig(
       coordinator_address=args.coordinator_address,
       num_processes=args.num_processes, process_id=args.process_id,
-      cpu_devices=args.cpu_devices))
-  from kimi_jax.config import ConfigError, load_config
+      cpu_devices=args.cpu_devices,
+      heartbeat_timeout_seconds=args.heartbeat_timeout_seconds))
   from kimi_jax.run import train_and_evaluate
-  try:
-    config = load_config(args.config, overrides)
-  except ConfigError as exc:
-    sys.exit(f"config error: {exc}")
   try:
     train_and_evaluate(config, args.workdir)
   except ConfigError as exc:
-    sys.exit(f"config error: {exc}")
+    distributed.fail(f"config error: {exc}")
+  except Exception as exc:  # noqa: BLE001 - report, then stop every process
+    distributed.fail(f"{type(exc).__name__}: {exc}", exc)
 
 
 if __name__ == "__main__":

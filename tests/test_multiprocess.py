@@ -108,3 +108,26 @@ def test_checkpoints_restore_across_process_counts(runs, tmp_path):
     assert "resuming" in out[0]
     steps = [r["step"] for r in _rows(dst) if r["stage"] == "rl"]
     assert steps == [1, 2, 3]
+
+
+def test_error_in_one_process_stops_all_with_its_message(tmp_path):
+  port = _free_port()
+  common = ["--cpu_devices", "2", "--coordinator_address",
+            f"127.0.0.1:{port}", "--num_processes", "2",
+            "--heartbeat_timeout_seconds", "10"]
+  cmds = [_cmd(tmp_path, 2, common + ["--process_id", "0"]),
+          # Only process 1 is told to import weights from a missing dir.
+          _cmd(tmp_path, 2, common + ["--process_id", "1",
+                                      "--config.init_from_hf=/nonexistent"])]
+  procs = [subprocess.Popen(c, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True) for c in cmds]
+  try:
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+  assert all(p.returncode != 0 for p in procs), outs[0][-2000:]
+  assert "process 1:" in outs[1] and "/nonexistent" in outs[1], outs[1][-2000:]

@@ -60,8 +60,31 @@ def _train_inputs(mb: dict) -> dict:
   return {k: mb[k] for k in _TRAIN_KEYS}
 
 
+_LOG_FIELDS = (("reward", "reward", ".3f"), ("acc", "accuracy", ".3f"),
+               ("len", "length_mean", ".1f"), ("p95", "length_p95", ".0f"),
+               ("partial", "frac_partial", ".2f"),
+               ("len_w", "length_reward_weight", ".2f"),
+               ("loss", "loss", ".4f"), ("gnorm", "grad_norm", ".3f"),
+               ("roll_tok/s", "rollout_tokens_per_s", ".0f"),
+               ("train_tok/s", "train_tokens_per_s", ".0f"),
+               ("handoff_s", "handoff_s", ".4f"))
+
+
+def format_row(iteration: int, row: dict) -> str:
+  """One log line per iteration with the headline metrics."""
+  parts = [f"{name}={row[key]:{fmt}}" for name, key, fmt in _LOG_FIELDS
+           if key in row]
+  return f"iter {iteration}: " + " ".join(parts)
+
+
 def _p95(x) -> float:
   return float(np.percentile(x, 95)) if len(x) else 0.0
+
+
+def _log(msg: str) -> None:
+  if jax.process_index() == 0:
+    from tqdm import tqdm
+    tqdm.write(msg)
 
 
 class RLLoop:
@@ -264,7 +287,7 @@ class RLLoop:
     return res
 
   def run(self, params) -> dict:
-    from kimi_jax.run import _progress, _log, _rl_step
+    from kimi_jax.run import _progress, _rl_step
     s, rl = self.s, self.rl
     state = ts.create_state(params, s.optimizer_rl, s.shardings)
     start = int(self.host.get("iteration", 0))
@@ -298,6 +321,7 @@ class RLLoop:
           it + 1) < rl.iterations:
         self.evaluate(it + 1, state.params)
       s.metrics.write(it + 1, "rl", row)
+      _log(format_row(it + 1, row))
       if hasattr(bar, "set_postfix"):
         bar.set_postfix(acc=f"{row.get('accuracy', float('nan')):.2f}",
                         len=f"{row.get('length_mean', 0):.1f}")
