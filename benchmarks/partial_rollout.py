@@ -24,7 +24,8 @@ sequence of groups. Only throughput is measured, never learning.
 
 Metric: response tokens of trained groups / (rollout + training wall time),
 after a compile pass over every shape and one untimed iteration per mode (so
-partial starts from a buffer in its steady state). The two modes alternate
+partial does not start from an empty buffer: over the window, tokens carried
+in roughly balance those left in flight at the end). The two modes alternate
 iteration by iteration, so background load hits both alike.
 """
 
@@ -181,6 +182,7 @@ class Mode:
 
   name: str
   budget: int | None  # None: every response runs to its end
+  prompts: int  # groups topped up to at the start of each iteration
   buffer: replay_buffer.RolloutBuffer
   state: ts.TrainState
   totals: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -195,7 +197,7 @@ def rollout_phase(bench: Bench, mode: Mode, it: int
   """Top up to P groups, continue every unfinished response, as the loop."""
   work, vocab = bench.work, bench.model.vocab_size
   bench.engine.load_params(mode.state.params)
-  for _ in range(max(0, bench.rl.prompts_per_iteration - len(mode.buffer))):
+  for _ in range(max(0, mode.prompts - len(mode.buffer))):
     # One synthetic prompt per group: prompt index = group id.
     mode.buffer.new_group(prompt_index=mode.buffer.stats["groups_opened"])
   requests = []
@@ -345,9 +347,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
   new_buffer = lambda: replay_buffer.RolloutBuffer(
       group_size=work.group_size,
       max_wait_iterations=bench.rl.max_wait_iterations)
-  modes = [Mode("full", None, new_buffer(), bench.fresh_state(args.seed)),
-           Mode("partial", budget, new_buffer(),
-                bench.fresh_state(args.seed))]
+  prompts = bench.rl.prompts_per_iteration
+  modes = [Mode("full", None, prompts, new_buffer(),
+                bench.fresh_state(args.seed)),
+           Mode("partial", budget, args.partial_prompts or prompts,
+                new_buffer(), bench.fresh_state(args.seed))]
   warmup_s = {}
   for mode in modes:  # untimed: any missed compile, partial's buffer fills
     warmup_s[mode.name] = iteration(bench, mode, 0)["wall_s"]
@@ -381,6 +385,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           "prompts_per_iteration": bench.rl.prompts_per_iteration,
           "median_len": work.median_len, "long_len": work.max_len,
           "long_frac": work.long_frac, "prompt_len": work.prompt_len,
+          "partial_prompts": modes[1].prompts,
           "budget": budget, "cache_len": bench.cache_len,
           "max_wait_iterations": bench.rl.max_wait_iterations,
           "minibatch_prompts": args.minibatch_prompts,
@@ -397,7 +402,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def print_table(r: dict[str, Any]) -> None:
   s = r["settings"]
   print(f"\npartial vs full rollouts ({r['device']}; {s['slots']} slots, "
-        f"K={s['group_size']}, P={s['prompts_per_iteration']}, lengths "
+        f"K={s['group_size']}, P={s['prompts_per_iteration']} (partial "
+        f"{s['partial_prompts']} in flight), lengths "
         f"{1 - s['long_frac']:.0%} ~{s['median_len']} / {s['long_frac']:.0%} "
         f"{s['long_len']}, budget {s['budget']}, {s['iterations']} timed "
         f"iterations each)")
@@ -439,6 +445,10 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--budget", type=int, default=0,
                       help="partial rollouts' tokens per response per "
                       "iteration (default: 2 L)")
+  parser.add_argument("--partial-prompts", type=int, default=0,
+                      help="groups partial rollouts keep in flight (default: "
+                      "slots / K, as full rollouts; more lets new short "
+                      "responses fill slots that waiting groups leave idle)")
   parser.add_argument("--group-size", type=int, default=4,
                       help="K responses per prompt (default: %(default)s)")
   parser.add_argument("--minibatch-prompts", type=int, default=4,

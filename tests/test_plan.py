@@ -103,9 +103,10 @@ def test_plans_a_pod_on_a_laptop():
 
 
 def test_activation_formula_by_hand():
-  cfg = to_dataclass(ModelConfig, load_config(TINY).model, "model")
+  cfg = ModelConfig(vocab_size=32, d_model=64, n_layers=2, n_heads=4,
+                    n_kv_heads=2, head_dim=16, mlp_dim=256)
   sharder = Sharder(plan.abstract_mesh(dict(data=2, fsdp=2, tensor=2)))
-  # tiny: D=64, H=4, K=2, Dh=16, F=256, V=32, L=2, float32, no remat.
+  # D=64, H=4, K=2, Dh=16, F=256, V=32, L=2, float32, no remat.
   # 8 rows / (data*fsdp=4) = 2 local rows; heads, mlp, vocab halve.
   est = plan.activation_estimate(cfg, sharder, rows=8, length=16)
   x = 2 * 16 * 64 * 4
