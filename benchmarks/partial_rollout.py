@@ -120,7 +120,7 @@ class Bench:
 
   def __init__(self, work: Workload, *, slots: int, budget: int,
                minibatch_prompts: int, steps_per_call: int,
-               learning_rate: float):
+               learning_rate: float, reference_logprobs: str = "sampler"):
     self.work = work
     self.cache_len = work.prompt_len + work.max_len
     self.model = tiny_model(self.cache_len)
@@ -138,7 +138,8 @@ class Bench:
         max_response_len=work.max_len, token_budget=budget,
         # Enough carry-overs that no response is force-finished.
         max_wait_iterations=math.ceil(work.max_len / budget),
-        train_len_buckets=powers_of_two_buckets(self.cache_len))
+        train_len_buckets=powers_of_two_buckets(self.cache_len),
+        reference_logprobs=reference_logprobs)
     self.optimizer = ts.make_optimizer(ts.OptimizerConfig(
         learning_rate=learning_rate, grad_clip=self.rl.grad_clip))
     self.shardings = ts.state_shardings(self.optimizer, self.model,
@@ -197,7 +198,10 @@ def rollout_phase(bench: Bench, mode: Mode, it: int
   """Top up to P groups, continue every unfinished response, as the loop."""
   work, vocab = bench.work, bench.model.vocab_size
   bench.engine.load_params(mode.state.params)
-  for _ in range(max(0, mode.prompts - len(mode.buffer))):
+  # As the loop: top up until about P x K responses will be generated.
+  k = work.group_size
+  unfinished = len(mode.buffer.pending())
+  for _ in range(max(0, -(-(mode.prompts * k - unfinished) // k))):
     # One synthetic prompt per group: prompt index = group id.
     mode.buffer.new_group(prompt_index=mode.buffer.stats["groups_opened"])
   requests = []
@@ -225,20 +229,22 @@ def train_phase(bench: Bench, state: ts.TrainState,
                 ) -> tuple[ts.TrainState, dict[str, float]]:
   """RLLoop.train_phase on synthetic rewards: every completed group."""
   work, rl, vocab = bench.work, bench.rl, bench.model.vocab_size
-  arrays = batching.group_arrays(
+  mbs, members = batching.sorted_minibatches(
       groups, [work.prompt(g.prompt_index, vocab) for g in groups],
-      version=it, train_on_old_segments=rl.train_on_old_segments,
-      len_buckets=rl.train_len_buckets, pad_id=PAD_ID,
-      pad_prompts_to=rl.minibatch_prompts)
-  reward_PxK = np.stack([work.rewards_K(g.group_id) for g in groups])
-  pad = arrays["valid"].shape[0] - len(groups)
-  arrays["reward"] = np.pad(reward_PxK, ((0, pad), (0, 0)))
-  arrays["correct"] = arrays["reward"] > 0
+      size=rl.minibatch_prompts, version=it,
+      train_on_old_segments=rl.train_on_old_segments,
+      len_buckets=rl.train_len_buckets, pad_id=PAD_ID)
+  for mb, idx in zip(mbs, members):
+    reward_PxK = np.stack([work.rewards_K(groups[i].group_id) for i in idx])
+    pad = mb["valid"].shape[0] - len(idx)
+    mb["reward"] = np.pad(reward_PxK, ((0, pad), (0, 0)))
+    mb["correct"] = mb["reward"] > 0
   state = state.replace(opt_state=bench.reset_opt(state.params))
-  mbs = batching.minibatches(arrays, rl.minibatch_prompts)
   for mb in mbs:  # the reference pi_theta_i, before this iteration's steps
-    mb["ref_seq_logp"] = np.asarray(bench.seq_logp(
-        state.params, bench.to_global({k: mb[k] for k in _MODEL_KEYS})))
+    mb["ref_seq_logp"] = (
+        mb["sampler_seq_logp"] if rl.reference_logprobs == "sampler" else
+        np.asarray(bench.seq_logp(state.params, bench.to_global(
+            {k: mb[k] for k in _MODEL_KEYS}))))
   for mb in mbs:
     batch = bench.to_global({k: mb[k] for k in _TRAIN_KEYS})
     state, m = bench.step_fn(batch)(state, batch)
@@ -246,9 +252,10 @@ def train_phase(bench: Bench, state: ts.TrainState,
       raise ts.NonFiniteError(f"iteration {it}: loss {m['loss']} not finite")
   trained = sum(t.length for g in groups for t in g.trajectories)
   return state, {"groups_trained": len(groups), "trained_tokens": trained,
-                 "loss_tokens": float(arrays["mask"].sum()),
+                 "loss_tokens": float(sum(mb["mask"].sum() for mb in mbs)),
                  "train_steps": len(mbs),
-                 "train_row_tokens": float(arrays["tokens"].size)}
+                 "train_row_tokens": float(sum(mb["tokens"].size
+                                               for mb in mbs))}
 
 
 def iteration(bench: Bench, mode: Mode, it: int) -> dict[str, float]:
@@ -341,7 +348,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
   bench = Bench(work, slots=args.slots, budget=budget,
                 minibatch_prompts=args.minibatch_prompts,
                 steps_per_call=args.steps_per_call,
-                learning_rate=args.learning_rate)
+                learning_rate=args.learning_rate,
+                reference_logprobs=args.reference_logprobs)
   compile_s = compile_pass(bench, budget)
   compiles_before = bench.compile_count()
   new_buffer = lambda: replay_buffer.RolloutBuffer(
@@ -387,6 +395,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           "long_frac": work.long_frac, "prompt_len": work.prompt_len,
           "partial_prompts": modes[1].prompts,
           "budget": budget, "cache_len": bench.cache_len,
+          "reference_logprobs": bench.rl.reference_logprobs,
           "max_wait_iterations": bench.rl.max_wait_iterations,
           "minibatch_prompts": args.minibatch_prompts,
           "train_len_buckets": bench.rl.train_len_buckets,
@@ -457,6 +466,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="decode steps per engine call; the RL loop uses 1 "
                       "(default: %(default)s)")
   parser.add_argument("--learning-rate", type=float, default=1e-3)
+  parser.add_argument("--reference-logprobs", default="sampler",
+                      choices=("sampler", "recompute"),
+                      help="rl.reference_logprobs for both modes: reuse the "
+                      "sampler's log-probs (the default) or recompute them")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--json", metavar="PATH",
                       help="also write the results here as JSON")

@@ -131,6 +131,7 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
       token_budget=seq_len // 4,
       max_wait_iterations=4,
       train_on_old_segments=False,
+      reference_logprobs="recompute",
       length_reward_weight=0.1,  # ours (the report gives no weight)
       length_reward_warmup=100,  # ours: off at first, then constant
       repeat_penalty=-1.0,
@@ -165,8 +166,8 @@ def tiny_variant(model: ml_collections.ConfigDict
 
   Keeps what makes the family (query heads per kv head, tied or separate
   embeddings, qkv bias, remat) and takes every size, the float32 dtypes and
-  the synthetic digit-sum task from tiny.py, so it runs on a laptop CPU with
-  no downloads.
+  the synthetic pointer-chasing task from tiny.py, so it runs on a laptop
+  CPU with no downloads.
   """
   c = runpy.run_path(os.path.join(_HERE, "tiny.py"))["get_config"]()
   group = model.n_heads // model.n_kv_heads

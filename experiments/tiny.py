@@ -96,6 +96,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # between reasoning and a direct answer: train on every segment
       # (see docs/loop.md).
       train_on_old_segments=True,
+      reference_logprobs="recompute",
       length_reward_weight=0.1,
       length_reward_warmup=40,
       repeat_penalty=-1.0,

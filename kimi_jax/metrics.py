@@ -56,6 +56,25 @@ class MetricsWriter:
       self._tb.close()
 
 
+def drop_after(path: str, stage_limits: Mapping[str, int]) -> int:
+  """Rewrites the JSONL without rows past a resumed checkpoint.
+
+  stage_limits maps a stage to the last step the checkpoint covers; rows of
+  that stage with a larger step (and rows of stages not listed, which came
+  after the checkpoint) are dropped so a resumed run does not log them
+  twice. Returns how many rows were dropped.
+  """
+  rows = read_jsonl(path)
+  keep = [r for r in rows if r.get("stage") in stage_limits and
+          r.get("step", 0) <= stage_limits[r["stage"]]]
+  if len(keep) != len(rows):
+    with open(path + ".tmp", "w") as f:
+      for r in keep:
+        f.write(json.dumps(r, allow_nan=True) + "\n")
+    os.replace(path + ".tmp", path)
+  return len(rows) - len(keep)
+
+
 def read_jsonl(path: str) -> list[dict]:
   """Reads metrics back; a torn last line (killed mid-write) is skipped."""
   if not os.path.exists(path):

@@ -280,6 +280,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
                             setup.shardings_sft)
     _log(f"resuming {workdir} from checkpoint {latest} "
          f"(stage {host['stage']})")
+    if jax.process_index() == 0:
+      it = int(host.get("iteration", 0))
+      limits = ({"sft": cfg.sft.steps, "eval": it, "rl": it}
+                if host["stage"] == "rl" else
+                {"sft": int(host.get("sft_step", 0))})
+      metrics_lib.drop_after(setup.metrics.path, limits)
 
   if host["stage"] == "sft":
     if cfg.sft.steps > 0:

@@ -95,7 +95,7 @@ def create_state(params: Any, optimizer, shardings: TrainState) -> TrainState:
 
 
 def _tree_norm(tree) -> jax.Array:
-  return optax.global_norm(tree)
+  return optax.tree.norm(tree)
 
 
 def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,

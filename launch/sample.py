@@ -1,7 +1,7 @@
 """Prints completions from a checkpoint.
 
   python launch/sample.py --config experiments/tiny.py --checkpoint WORKDIR \\
-      --prompt "12+34=" --num-samples 4 [--temperature 0.8 --top-k 0
+      --prompt "37 c5 =" --num-samples 4 [--temperature 0.8 --top-k 0
       --top-p 1.0 --greedy --seed 0 --max-new-tokens N --step S]
 
 Any --config.KEY=VALUE overrides that key of the config file.

@@ -33,6 +33,8 @@ def micro(**overrides):
     ("sampler.cache_len", 128, "config.sampler.cache_len"),
     ("rl.max_response_len", 64, "config.rl.max_response_len"),
     ("prompt_sampling.curriculum", "sideways", "curriculum"),
+    # tiny trains on old segments, whose sampler log-probs are stale.
+    ("rl.reference_logprobs", "sampler", "config.rl.reference_logprobs"),
 ])
 def test_bad_config_is_rejected_naming_the_key(key, value, needle):
   with pytest.raises((ConfigError, ValueError), match=needle.replace(".", r"\.")):
@@ -72,6 +74,15 @@ def test_micro_run_writes_metrics_plots_and_bounded_compiles(tmp_path):
       cfg.rl.train_len_buckets)
   # Handoff used the trainer's arrays directly.
   assert all(r["handoff_shared"] == 1.0 for r in rl_rows)
+  # launch/sample.py's logic prints completions from this run's checkpoint.
+  from kimi_jax.sampler import cli
+  results = cli.main(["--config", TINY + ":micro", "--checkpoint",
+                      str(tmp_path), "--prompt", "37 c2 =", "--prompt",
+                      "05 c1 =", "--num-samples", "2", "--greedy"])
+  assert [r.id for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+  assert results[0].tokens == results[1].tokens  # greedy: seed-independent
+  assert all(r.finish_reason in ("stop", "length", "repeat") and r.tokens
+             for r in results)
 
 
 def test_train_step_skips_non_finite_update():
@@ -160,3 +171,6 @@ def test_sigkill_resume_loses_nothing_and_trains_nothing_twice(tmp_path):
   assert set(trained) | in_flight == set(range(opened))
   assert not set(trained) & in_flight
   assert os.path.exists(tmp_path / "summary.json")
+  # Resuming dropped the log rows past the checkpoint: each iteration once.
+  rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  assert [r["step"] for r in rows if r["stage"] == "rl"] == list(range(1, 7))

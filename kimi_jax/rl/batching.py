@@ -10,6 +10,8 @@ length over every segment, which is what `lengths_PxK` carries.
 Shapes are padded to buckets so jitted steps compile a bounded number of
 times: T to the smallest `len_buckets` entry that fits, P to a multiple of the
 minibatch (padding prompts have an all-zero mask and `valid_P = 0`).
+`sorted_minibatches` groups responses of similar length so each minibatch
+is padded only to its own bucket.
 """
 
 from __future__ import annotations
@@ -70,9 +72,31 @@ def group_arrays(groups: list[replay_buffer.Group],
   return out
 
 
-def minibatches(arrays: dict[str, np.ndarray], size: int
-                ) -> list[dict[str, np.ndarray]]:
-  """Splits along the prompt axis into chunks of `size` prompts."""
-  P = arrays["valid"].shape[0]
-  return [{k: v[i:i + size] for k, v in arrays.items()}
-          for i in range(0, P, size)]
+def group_row_length(group: replay_buffer.Group, prompt: list[int]) -> int:
+  """Model-input length of the group's longest row (prompt + response - 1)."""
+  return len(prompt) + max(t.length for t in group.trajectories) - 1
+
+
+def sorted_minibatches(groups: list[replay_buffer.Group],
+                       prompts: list[list[int]], *, size: int, version: int,
+                       train_on_old_segments: bool,
+                       len_buckets: tuple[int, ...], pad_id: int
+                       ) -> tuple[list[dict[str, np.ndarray]], list[int]]:
+  """Minibatches of `size` prompts, each padded to its own length bucket.
+
+  Groups are ordered by their longest row first, so a few long responses
+  do not pad every row of the iteration to their length. Returns the
+  minibatches and, for each, the indices of its groups in `groups`.
+  """
+  order = sorted(range(len(groups)),
+                 key=lambda i: group_row_length(groups[i], prompts[i]))
+  out, members = [], []
+  for start in range(0, len(order), size):
+    idx = order[start:start + size]
+    out.append(group_arrays([groups[i] for i in idx],
+                            [prompts[i] for i in idx], version=version,
+                            train_on_old_segments=train_on_old_segments,
+                            len_buckets=len_buckets, pad_id=pad_id,
+                            pad_prompts_to=size))
+    members.append(idx)
+  return out, members

@@ -27,6 +27,10 @@ class RLConfig:
   token_budget: int = 1024
   max_wait_iterations: int = 4
   train_on_old_segments: bool = False
+  # log pi_theta_i(y|x) for the penalty: "recompute" runs a forward pass
+  # before the updates; "sampler" sums the sampler's log-probs of the same
+  # tokens (equal to within ~1e-5, see tests) and saves that pass.
+  reference_logprobs: str = "recompute"
   length_reward_weight: float = 0.0
   length_reward_warmup: int = 0
   repeat_penalty: float = -1.0
@@ -58,6 +62,13 @@ class RLConfig:
     if self.minibatch_prompts > self.prompts_per_iteration:
       bad("minibatch_prompts", f"({self.minibatch_prompts}) is larger than "
           f"rl.prompts_per_iteration ({self.prompts_per_iteration})")
+    if self.reference_logprobs not in ("recompute", "sampler"):
+      bad("reference_logprobs", f"must be 'recompute' or 'sampler', got "
+          f"{self.reference_logprobs!r}")
+    if self.reference_logprobs == "sampler" and self.train_on_old_segments:
+      bad("reference_logprobs", "'sampler' needs train_on_old_segments="
+          "False: tokens of earlier segments were sampled by older policies, "
+          "so their sampler log-probs are not log pi_theta_i")
     if self.max_wait_iterations < 0:
       bad("max_wait_iterations", "must be >= 0")
     if self.length_reward_warmup < 0 or self.length_reward_weight < 0:

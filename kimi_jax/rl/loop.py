@@ -3,9 +3,9 @@
 One iteration:
   1. hand the trainer's params to the sampler (same arrays when shardings
      agree);
-  2. top up the replay buffer with new prompts (K responses each) so that
-     about `prompts_per_iteration` groups are in flight, then continue every
-     unfinished response for at most `token_budget` tokens (partial rollouts);
+  2. top up the replay buffer with new prompts (K responses each) until
+     about `prompts_per_iteration` x K responses are unfinished, then
+     continue every one for at most `token_budget` tokens (partial rollouts);
   3. score every group whose K responses have all finished: task reward,
      length reward (weight 0 during warm-up), repeat penalty;
   4. reset the optimizer, compute the reference log-probs under the current
@@ -153,7 +153,11 @@ class RLLoop:
   def rollout_phase(self, it: int, params) -> tuple[list, dict]:
     s, rl = self.s, self.rl
     handoff = s.engine.load_params(params)
-    n_new = max(0, rl.prompts_per_iteration - len(self.buffer))
+    # Top up until about prompts_per_iteration x K responses will be
+    # generated: a carried-over group may be waiting on only one response.
+    k = rl.samples_per_prompt
+    unfinished = len(self.buffer.pending())
+    n_new = max(0, -(-(rl.prompts_per_iteration * k - unfinished) // k))
     rng = np.random.default_rng([s.cfg.seed, it])
     for index in self.prompts.sample(it, n_new, rng):
       self.buffer.new_group(index)
@@ -230,25 +234,26 @@ class RLLoop:
   def train_phase(self, it: int, state: ts.TrainState, groups: list,
                   scores: dict) -> tuple[ts.TrainState, dict]:
     s, rl = self.s, self.rl
-    arrays = batching.group_arrays(
+    mbs, members = batching.sorted_minibatches(
         groups, [self.prompt_ids(g.prompt_index) for g in groups],
-        version=it, train_on_old_segments=rl.train_on_old_segments,
-        len_buckets=self.len_buckets, pad_id=s.tokenizer.pad_id,
-        pad_prompts_to=rl.minibatch_prompts)
-    P = arrays["valid"].shape[0]
-    pad = P - len(groups)
-    arrays["reward"] = np.pad(scores["reward"], ((0, pad), (0, 0)))
-    arrays["correct"] = np.pad(scores["correct"], ((0, pad), (0, 0)))
-    mbs = batching.minibatches(arrays, rl.minibatch_prompts)
+        size=rl.minibatch_prompts, version=it,
+        train_on_old_segments=rl.train_on_old_segments,
+        len_buckets=self.len_buckets, pad_id=s.tokenizer.pad_id)
+    for mb, idx in zip(mbs, members):
+      pad = mb["valid"].shape[0] - len(idx)
+      mb["reward"] = np.pad(scores["reward"][idx], ((0, pad), (0, 0)))
+      mb["correct"] = np.pad(scores["correct"][idx], ((0, pad), (0, 0)))
     if rl.reset_optimizer:
       state = state.replace(opt_state=self._reset_opt(state.params))
     # The reference pi_theta_i: the policy before this iteration's updates.
     for mb in mbs:
-      mb["ref_seq_logp"] = np.asarray(self._seq_logp(
-          state.params, self.to_global(_model_inputs(mb))))
-    mismatch = float(np.mean(np.abs(
-        np.concatenate([mb["ref_seq_logp"] - mb["sampler_seq_logp"]
-                        for mb in mbs])[:len(groups)])))
+      mb["ref_seq_logp"] = (
+          mb["sampler_seq_logp"] if rl.reference_logprobs == "sampler" else
+          np.asarray(self._seq_logp(state.params,
+                                    self.to_global(_model_inputs(mb)))))
+    mismatch = float(np.mean(np.concatenate([
+        np.abs(mb["ref_seq_logp"] - mb["sampler_seq_logp"])[
+            mb["valid"] > 0] for mb in mbs])))
     t0 = time.perf_counter()
     history = []
     n_tokens = 0
@@ -268,8 +273,8 @@ class RLLoop:
     stats = {k: float(np.mean([h[k] for h in history]))
              for k in ("loss", "grad_norm", "update_norm", "param_norm")}
     stats.update(groups_trained=len(groups), train_s=train_s, train_tokens_per_s=n_tokens / max(
-        train_s, 1e-9), logp_mismatch=mismatch, train_len=arrays[
-            "tokens"].shape[-1])
+        train_s, 1e-9), logp_mismatch=mismatch, train_len_max=max(
+            mb["tokens"].shape[-1] for mb in mbs))
     return state, stats
 
   # ---- the loop -------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Completions from a checkpoint: the logic behind launch/sample.py.
 
   python launch/sample.py --config experiments/tiny.py --checkpoint WORKDIR \\
-      --prompt "12+34=" --num-samples 4 --temperature 0.8
+      --prompt "37 c5 =" --num-samples 4 --temperature 0.8
 
 --checkpoint is a run's workdir (its `checkpoints/` is used) or an Orbax
 checkpoint directory written by `kimi_jax.checkpoint.Checkpointer`. The
@@ -106,5 +106,5 @@ def main(argv: Sequence[str] | None = None) -> list[SampleResult]:
     tokens = [t for t in res.tokens if t != tokenizer.eos_id]
     print(f"[prompt {req.id[0]} sample {req.id[1]}] ({res.finish_reason}, "
           f"{len(res.tokens)} tokens, logp {sum(res.logprobs):.2f}) "
-          f"{args.prompt[req.id[0]]}{tokenizer.decode(tokens)}")
+          f"{args.prompt[req.id[0]]} -> {tokenizer.decode(tokens)}")
   return results
