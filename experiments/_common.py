@@ -22,6 +22,11 @@ import ml_collections
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _tiny() -> dict:
+  """experiments/tiny.py's namespace (experiments/ is not a package)."""
+  return runpy.run_path(os.path.join(_HERE, "tiny.py"))
+
+
 def qwen2_5_model(*, vocab_size: int, d_model: int, n_layers: int,
                   n_heads: int, n_kv_heads: int, mlp_dim: int,
                   tie_embeddings: bool, max_seq_len: int
@@ -73,11 +78,7 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
   # A local Hugging Face directory (e.g. Qwen2.5-7B-Instruct); set per run.
   c.init_from_hf = ""
   c.mesh = ml_collections.ConfigDict(mesh)
-  c.sharding = ml_collections.ConfigDict(dict(rules=(
-      ("batch", ("data", "fsdp")), ("length", None), ("embed", "fsdp"),
-      ("act_embed", None), ("mlp", "tensor"), ("heads", "tensor"),
-      ("kv_heads", "tensor"), ("head_dim", None), ("vocab", "tensor"),
-      ("layers", None), ("norm", None))))
+  c.sharding = _tiny()["sharding_config"]()
 
   c.task = ml_collections.ConfigDict(dict(
       name="jsonl",
@@ -140,19 +141,9 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
       eval_samples=4,
   ))
 
-  # Report 2.3.4: prioritized sampling by 1 - success rate. A curriculum
-  # ("warmup_then_hard" / "stages") needs a `difficulty` field in the records.
-  c.prompt_sampling = ml_collections.ConfigDict(dict(
-      curriculum="none",
-      warmup_iterations=0,
-      hard_threshold=0.0,
-      stages=((0, 0.0),),
-      prioritized=True,
-      priority_floor=0.05,
-      success_tracking="ema",
-      ema_decay=0.5,
-      initial_success=0.0,
-  ))
+  # Report 2.3.4: prioritized sampling by 1 - success rate, as tiny.py. A
+  # curriculum ("warmup_then_hard" / "stages") needs a `difficulty` field.
+  c.prompt_sampling = _tiny()["prompt_sampling_config"]()
 
   c.checkpoint = ml_collections.ConfigDict(dict(every_iterations=5,
                                                 max_to_keep=3))
@@ -169,7 +160,7 @@ def tiny_variant(model: ml_collections.ConfigDict
   the synthetic pointer-chasing task from tiny.py, so it runs on a laptop
   CPU with no downloads.
   """
-  c = runpy.run_path(os.path.join(_HERE, "tiny.py"))["get_config"]()
+  c = _tiny()["get_config"]()
   group = model.n_heads // model.n_kv_heads
   c.model.update(dict(
       n_heads=c.model.n_kv_heads * group,

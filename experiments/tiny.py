@@ -32,6 +32,31 @@ def model_config() -> ml_collections.ConfigDict:
   ))
 
 
+def sharding_config() -> ml_collections.ConfigDict:
+  """Logical axis -> mesh axes (kimi_jax.sharding.DEFAULT_RULES)."""
+  return ml_collections.ConfigDict(dict(rules=(
+      ("batch", ("data", "fsdp")), ("length", None), ("embed", "fsdp"),
+      ("act_embed", None), ("mlp", "tensor"), ("heads", "tensor"),
+      ("kv_heads", "tensor"), ("head_dim", None), ("vocab", "tensor"),
+      ("layers", None), ("norm", None))))
+
+
+def prompt_sampling_config() -> ml_collections.ConfigDict:
+  # Report 2.3.4. curriculum: none | warmup_then_hard | stages; prioritized
+  # draws problem i with weight max(1 - success_i, priority_floor).
+  return ml_collections.ConfigDict(dict(
+      curriculum="none",
+      warmup_iterations=0,
+      hard_threshold=0.0,
+      stages=((0, 0.0),),
+      prioritized=True,
+      priority_floor=0.05,
+      success_tracking="ema",
+      ema_decay=0.5,
+      initial_success=0.0,
+  ))
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -39,11 +64,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Import real weights instead of random init: a local Hugging Face dir.
   c.init_from_hf = ""
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-  c.sharding = ml_collections.ConfigDict(dict(rules=(
-      ("batch", ("data", "fsdp")), ("length", None), ("embed", "fsdp"),
-      ("act_embed", None), ("mlp", "tensor"), ("heads", "tensor"),
-      ("kv_heads", "tensor"), ("head_dim", None), ("vocab", "tensor"),
-      ("layers", None), ("norm", None))))
+  c.sharding = sharding_config()
 
   c.task = ml_collections.ConfigDict(dict(
       name="pointer_chase",
@@ -105,19 +126,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       eval_samples=4,
   ))
 
-  # Report 2.3.4. curriculum: none | warmup_then_hard | stages; prioritized
-  # draws problem i with weight max(1 - success_i, priority_floor).
-  c.prompt_sampling = ml_collections.ConfigDict(dict(
-      curriculum="none",
-      warmup_iterations=0,
-      hard_threshold=0.0,
-      stages=((0, 0.0),),
-      prioritized=True,
-      priority_floor=0.05,
-      success_tracking="ema",
-      ema_decay=0.5,
-      initial_success=0.0,
-  ))
+  c.prompt_sampling = prompt_sampling_config()
 
   c.checkpoint = ml_collections.ConfigDict(dict(every_iterations=1,
                                                 max_to_keep=2))
