@@ -9,7 +9,6 @@ statistics and the ledger of trained groups all come back.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -17,7 +16,6 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
 from kimi_jax import checkpoint as ckpt_lib
 from kimi_jax import metrics as metrics_lib

@@ -4,7 +4,6 @@ in the test (no downloads)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil

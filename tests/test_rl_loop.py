@@ -120,7 +120,6 @@ def test_divergence_stops_run_and_keeps_last_good_checkpoint(tmp_path):
   ckpt = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
   host = ckpt.restore_host()
   assert host["stage"] == "rl"
-  params_like = None
   # The kept checkpoint holds finite params.
   from kimi_jax.model import transformer
   model_cfg = run_lib.parse_config(cfg).model

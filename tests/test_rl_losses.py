@@ -1,6 +1,5 @@
 """Mirror-descent and ReST losses against explicit per-response gradients."""
 
-import functools
 import math
 
 import jax

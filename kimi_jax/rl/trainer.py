@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 
 from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
