@@ -238,11 +238,15 @@ def test_file_size_limit(sb):
 
 def test_cannot_kill_parent_or_host_processes(sb):
   tag = f"kimi_sentinel_{uuid.uuid4().hex}"
-  sentinels = [subprocess.Popen(["sh", "-c", f"sleep 60; : {tag}"])]
+  # Own process groups, so cleanup also reaps the `sleep` children; a
+  # leftover sleep under the sandbox uid would fail later tests' checks.
+  sentinels = [subprocess.Popen(["sh", "-c", f"sleep 60; : {tag}"],
+                                start_new_session=True)]
   if os.geteuid() == 0 and shutil.which("setpriv"):  # same host uid as sandbox
     sentinels.append(subprocess.Popen(
         ["setpriv", f"--reuid={DEFAULT_HOST_UID}", f"--regid={DEFAULT_HOST_UID}",
-         "--clear-groups", "sh", "-c", f"sleep 60; : {tag}"]))
+         "--clear-groups", "sh", "-c", f"sleep 60; : {tag}"],
+        start_new_session=True))
   try:
     src = """
 import os, signal, subprocess
@@ -264,7 +268,7 @@ print('still here')
     assert os.getppid() > 1
   finally:
     for s in sentinels:
-      s.kill()
+      os.killpg(s.pid, signal.SIGKILL)
       s.wait()
   assert_clean_next_run(sb)
 
