@@ -20,6 +20,13 @@ from kimi_jax.sandbox import (ExecRequest, Sandbox, SandboxLimits,
                               SandboxUnavailableError)
 from kimi_jax.sandbox.isolation import DEFAULT_HOST_UID
 
+# These tests check that no process of the sandbox's host uid outlives a run,
+# so each pytest-xdist worker gives its sandbox a uid of its own: the other
+# worker's sandboxed programs (and every other test's, on the default uid)
+# are then not counted.
+HOST_UID = DEFAULT_HOST_UID + 1 + int(
+    os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
+
 SECRET = "kimi-secret-" + uuid.uuid4().hex
 FAST = SandboxLimits(cpu_time_s=2, wall_time_s=4, memory_mb=256,
                      max_processes=32, tmpfs_size_mb=8, max_file_size_mb=64,
@@ -30,7 +37,7 @@ FAST = SandboxLimits(cpu_time_s=2, wall_time_s=4, memory_mb=256,
 def sb():
   os.environ["KIMI_SANDBOX_TEST_SECRET"] = SECRET  # must never leak inside
   try:
-    box = Sandbox(limits=FAST, max_workers=2)
+    box = Sandbox(limits=FAST, max_workers=2, host_uid=HOST_UID)
   except SandboxUnavailableError as e:
     pytest.fail(f"sandbox unavailable: {e}. Run .ci/install_system_deps.sh")
   yield box
@@ -50,11 +57,14 @@ def assert_clean_next_run(sb: Sandbox) -> None:
 
 
 def sandbox_uid_processes() -> list[str]:
+  """Live processes of the sandbox's host uid (zombies hold nothing and
+  are left for their parent to reap)."""
   if os.geteuid() != 0:
     return []
-  out = subprocess.run(["pgrep", "-u", str(DEFAULT_HOST_UID), "-a"],
-                       capture_output=True, text=True)
-  return out.stdout.split("\n") if out.stdout.strip() else []
+  out = subprocess.run(["ps", "-u", str(HOST_UID), "-o",
+                        "stat=,pid=,args="], capture_output=True, text=True)
+  return [line for line in out.stdout.splitlines()
+          if line.strip() and not line.lstrip().startswith("Z")]
 
 
 def test_fork_bomb_is_contained(sb):
@@ -244,7 +254,7 @@ def test_cannot_kill_parent_or_host_processes(sb):
                                 start_new_session=True)]
   if os.geteuid() == 0 and shutil.which("setpriv"):  # same host uid as sandbox
     sentinels.append(subprocess.Popen(
-        ["setpriv", f"--reuid={DEFAULT_HOST_UID}", f"--regid={DEFAULT_HOST_UID}",
+        ["setpriv", f"--reuid={HOST_UID}", f"--regid={HOST_UID}",
          "--clear-groups", "sh", "-c", f"sleep 60; : {tag}"],
         start_new_session=True))
   try:
