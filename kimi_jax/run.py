@@ -270,12 +270,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
     state = ts.create_state(params, setup.optimizer_sft,
                             setup.shardings_sft)
     host = _host_state("sft", sft_step=0)
+    resumed_stage = None
     _log(f"new run in {workdir}")
   else:
-    params, _, host = ckpt.restore(latest, params_like=abstract,
-                                   params_shardings=setup.shardings.params)
+    host = ckpt.restore_host(latest)
+    resumed_stage = host["stage"]
+    # The optimizer state of the stage the checkpoint was written in.
+    optimizer, shardings = ((setup.optimizer_sft, setup.shardings_sft)
+                            if host["stage"] == "sft" else
+                            (setup.optimizer_rl, setup.shardings))
+    params, opt_state, host = ckpt.restore(
+        latest, params_like=abstract, params_shardings=shardings.params,
+        opt_state_like=jax.eval_shape(optimizer.init, abstract),
+        opt_state_shardings=shardings.opt_state)
     state = ts.create_state(params, setup.optimizer_sft,
                             setup.shardings_sft)
+    if opt_state is not None and host["stage"] == "sft":
+      state = state.replace(opt_state=opt_state)
     _log(f"resuming {workdir} from checkpoint {latest} "
          f"(stage {host['stage']})")
     if jax.process_index() == 0:
@@ -298,7 +309,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
     ckpt.save(_rl_step(cfg, 0), params=state.params, host=host)
 
   loop = RLLoop(setup, host)
-  summary = loop.run(state.params)
+  rl_opt_state = opt_state if resumed_stage == "rl" else None
+  summary = loop.run(state.params, rl_opt_state)
   setup.metrics.close()
   ckpt.close()
   return summary

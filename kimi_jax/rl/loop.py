@@ -291,10 +291,14 @@ class RLLoop:
     self.host["last_eval"] = res
     return res
 
-  def run(self, params) -> dict:
+  def run(self, params, opt_state=None) -> dict:
+    """Runs to the last iteration; `opt_state` resumes the optimizer (it
+    only matters with reset_optimizer=False)."""
     from kimi_jax.run import _progress, _rl_step
     s, rl = self.s, self.rl
     state = ts.create_state(params, s.optimizer_rl, s.shardings)
+    if opt_state is not None:
+      state = state.replace(opt_state=opt_state)
     start = int(self.host.get("iteration", 0))
     bar = _progress(range(start, rl.iterations), rl.iterations, "RL",
                     s.cfg.progress, start)
