@@ -198,10 +198,7 @@ def rollout_phase(bench: Bench, mode: Mode, it: int
   """Top up to P groups, continue every unfinished response, as the loop."""
   work, vocab = bench.work, bench.model.vocab_size
   bench.engine.load_params(mode.state.params)
-  # As the loop: top up until about P x K responses will be generated.
-  k = work.group_size
-  unfinished = len(mode.buffer.pending())
-  for _ in range(max(0, -(-(mode.prompts * k - unfinished) // k))):
+  for _ in range(rollout.groups_to_open(mode.buffer, mode.prompts)):
     # One synthetic prompt per group: prompt index = group id.
     mode.buffer.new_group(prompt_index=mode.buffer.stats["groups_opened"])
   requests = []
@@ -234,11 +231,9 @@ def train_phase(bench: Bench, state: ts.TrainState,
       size=rl.minibatch_prompts, version=it,
       train_on_old_segments=rl.train_on_old_segments,
       len_buckets=rl.train_len_buckets, pad_id=PAD_ID)
-  for mb, idx in zip(mbs, members):
-    reward_PxK = np.stack([work.rewards_K(groups[i].group_id) for i in idx])
-    pad = mb["valid"].shape[0] - len(idx)
-    mb["reward"] = np.pad(reward_PxK, ((0, pad), (0, 0)))
-    mb["correct"] = mb["reward"] > 0
+  reward_PxK = np.stack([work.rewards_K(g.group_id) for g in groups])
+  batching.attach_scores(mbs, members, reward=reward_PxK,
+                         correct=reward_PxK > 0)
   state = state.replace(opt_state=bench.reset_opt(state.params))
   for mb in mbs:  # the reference pi_theta_i, before this iteration's steps
     mb["ref_seq_logp"] = (

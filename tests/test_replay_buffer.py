@@ -153,3 +153,17 @@ def test_length_counts_all_segments_while_mask_counts_current_only():
   (traj,) = buf.complete_groups()[0].trajectories
   assert traj.length == 7
   assert int(loss_mask(traj.token_versions(), 1).sum()) == 3
+
+
+def test_groups_to_open_counts_unfinished_responses():
+  from kimi_jax.rl.rollout import groups_to_open
+  buf = RolloutBuffer(group_size=4, max_wait_iterations=3)
+  assert groups_to_open(buf, 3) == 3  # empty: 12 responses wanted
+  g = buf.new_group(0)
+  for j in range(3):  # three of four finish; one long response waits
+    buf.add_segment(g, j, [5], [-0.1], version=0, finish_reason="stop")
+  buf.add_segment(g, 3, [5], [-0.1], version=0, finish_reason=None)
+  # 1 unfinished response: ceil((12 - 1) / 4) = 3 new groups, not 2.
+  assert groups_to_open(buf, 3) == 3
+  buf.new_group(1)
+  assert groups_to_open(buf, 3) == 2  # 5 unfinished: ceil(7 / 4)

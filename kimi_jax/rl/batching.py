@@ -72,6 +72,17 @@ def group_arrays(groups: list[replay_buffer.Group],
   return out
 
 
+def attach_scores(minibatches: list[dict[str, np.ndarray]],
+                  members: list[list[int]], **per_group_PxK: np.ndarray
+                  ) -> None:
+  """Adds per-group arrays (reward, correct, ...) to each minibatch, in its
+  group order and zero-padded like its padding prompts."""
+  for mb, idx in zip(minibatches, members):
+    pad = mb["valid"].shape[0] - len(idx)
+    for name, values in per_group_PxK.items():
+      mb[name] = np.pad(np.asarray(values)[idx], ((0, pad), (0, 0)))
+
+
 def group_row_length(group: replay_buffer.Group, prompt: list[int]) -> int:
   """Model-input length of the group's longest row (prompt + response - 1)."""
   return len(prompt) + max(t.length for t in group.trajectories) - 1

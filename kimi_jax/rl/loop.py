@@ -153,11 +153,7 @@ class RLLoop:
   def rollout_phase(self, it: int, params) -> tuple[list, dict]:
     s, rl = self.s, self.rl
     handoff = s.engine.load_params(params)
-    # Top up until about prompts_per_iteration x K responses will be
-    # generated: a carried-over group may be waiting on only one response.
-    k = rl.samples_per_prompt
-    unfinished = len(self.buffer.pending())
-    n_new = max(0, -(-(rl.prompts_per_iteration * k - unfinished) // k))
+    n_new = rollout.groups_to_open(self.buffer, rl.prompts_per_iteration)
     rng = np.random.default_rng([s.cfg.seed, it])
     for index in self.prompts.sample(it, n_new, rng):
       self.buffer.new_group(index)
@@ -239,10 +235,8 @@ class RLLoop:
         size=rl.minibatch_prompts, version=it,
         train_on_old_segments=rl.train_on_old_segments,
         len_buckets=self.len_buckets, pad_id=s.tokenizer.pad_id)
-    for mb, idx in zip(mbs, members):
-      pad = mb["valid"].shape[0] - len(idx)
-      mb["reward"] = np.pad(scores["reward"][idx], ((0, pad), (0, 0)))
-      mb["correct"] = np.pad(scores["correct"][idx], ((0, pad), (0, 0)))
+    batching.attach_scores(mbs, members, reward=scores["reward"],
+                           correct=scores["correct"])
     if rl.reset_optimizer:
       state = state.replace(opt_state=self._reset_opt(state.params))
     # The reference pi_theta_i: the policy before this iteration's updates.

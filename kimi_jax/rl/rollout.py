@@ -34,6 +34,18 @@ class SamplingSettings:
   top_p: float = 1.0
 
 
+def groups_to_open(buffer: replay_buffer.RolloutBuffer,
+                   target_groups: int) -> int:
+  """New groups needed so about `target_groups` x K responses are unfinished.
+
+  Counting responses, not groups: a carried-over group may be waiting on a
+  single long response, and the sampler's slots should stay full.
+  """
+  k = buffer.group_size
+  unfinished = len(buffer.pending())
+  return max(0, -(-(target_groups * k - unfinished) // k))
+
+
 def continue_requests(pending: Sequence[replay_buffer.Trajectory],
                       prompts: Sequence[list[int]], *, seed: int,
                       iteration: int, settings: SamplingSettings,
