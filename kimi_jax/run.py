@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from typing import Any
 
@@ -18,6 +17,7 @@ import jax
 import ml_collections
 
 from kimi_jax import checkpoint as ckpt_lib
+from kimi_jax.console import log, progress
 from kimi_jax import metrics as metrics_lib
 from kimi_jax import sft as sft_lib
 from kimi_jax import train_step as ts
@@ -103,19 +103,6 @@ def parse_config(config: ml_collections.ConfigDict) -> RunConfig:
       max_to_keep=int(config.checkpoint.max_to_keep),
       progress=bool(config.log.progress), plots=bool(config.log.plots),
       init_from_hf=str(config.init_from_hf))
-
-
-def _log(msg: str) -> None:
-  if jax.process_index() == 0:
-    print(msg, flush=True)
-
-
-def _progress(iterable, total: int, desc: str, enabled: bool, initial=0):
-  if not enabled or jax.process_index() != 0:
-    return iterable
-  from tqdm import tqdm
-  return tqdm(iterable, total=total, desc=desc, initial=initial,
-              dynamic_ncols=True, file=sys.stderr)
 
 
 @dataclasses.dataclass
@@ -232,7 +219,7 @@ def run_sft(setup: Setup, state: ts.TrainState, start_step: int,
                                        setup.shardings_sft, batch_sh)
   every = max(1, cfg.sft.steps // 4)
   t0 = time.perf_counter()
-  for step in _progress(range(start_step, cfg.sft.steps), cfg.sft.steps,
+  for step in progress(range(start_step, cfg.sft.steps), cfg.sft.steps,
                         "warm start (SFT)", cfg.progress, start_step):
     local = sft_lib.load_rows(dataset, step, cfg.sft.batch_size, rows)
     batch = {k: process_local_to_global(v, batch_sh[k], shapes[k])
@@ -241,9 +228,9 @@ def run_sft(setup: Setup, state: ts.TrainState, start_step: int,
     if (step + 1) % 10 == 0 or step + 1 == cfg.sft.steps:
       m = jax.device_get(m)
       if not m["finite"]:
-        raise ts.NonFiniteError(f"SFT step {step}: loss={m['loss']} "
-                             f"grad_norm={m['grad_norm']}; the update was not "
-                             "applied; the last good checkpoint is kept")
+        raise ts.NonFiniteError(
+            f"SFT step {step}: loss={m['loss']} grad_norm={m['grad_norm']}; "
+            "the update was not applied; the last good checkpoint is kept")
       setup.metrics.write(step + 1, "sft", dict(
           loss=m["loss"], grad_norm=m["grad_norm"],
           param_norm=m["param_norm"],
@@ -253,7 +240,7 @@ def run_sft(setup: Setup, state: ts.TrainState, start_step: int,
                               opt_state=state.opt_state,
                               host=_host_state("sft", sft_step=step + 1,
                                                **host))
-  _log(f"warm start: {cfg.sft.steps} steps, compiled {counter.count}x")
+  log(f"warm start: {cfg.sft.steps} steps, compiled {counter.count}x")
   return state
 
 
@@ -271,7 +258,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
                             setup.shardings_sft)
     host = _host_state("sft", sft_step=0)
     resumed_stage = None
-    _log(f"new run in {workdir}")
+    log(f"new run in {workdir}")
   else:
     host = ckpt.restore_host(latest)
     resumed_stage = host["stage"]
@@ -287,7 +274,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
                             setup.shardings_sft)
     if opt_state is not None and host["stage"] == "sft":
       state = state.replace(opt_state=opt_state)
-    _log(f"resuming {workdir} from checkpoint {latest} "
+    log(f"resuming {workdir} from checkpoint {latest} "
          f"(stage {host['stage']})")
     if jax.process_index() == 0:
       it = int(host.get("iteration", 0))
@@ -302,7 +289,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
     warm = evaluate(setup, state.params, seed_offset=1)
     warm_d = dataclasses.asdict(warm)
     setup.metrics.write(0, "eval", warm_d)
-    _log(f"warm-start held-out pass@1 {warm.pass_at_1:.3f} "
+    log(f"warm-start held-out pass@1 {warm.pass_at_1:.3f} "
          f"(greedy {warm.greedy_accuracy:.3f}, mean length "
          f"{warm.mean_length:.1f})")
     host = _host_state("rl", iteration=0, warmstart_eval=warm_d)

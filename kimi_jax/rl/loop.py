@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from kimi_jax import metrics as metrics_lib
+from kimi_jax.console import log, progress
 from kimi_jax import train_step as ts
 from kimi_jax.rewards.base import score_all
 from kimi_jax.rl import batching, length_reward, prompt_sampling
@@ -79,12 +80,6 @@ def format_row(iteration: int, row: dict) -> str:
 
 def _p95(x) -> float:
   return float(np.percentile(x, 95)) if len(x) else 0.0
-
-
-def _log(msg: str) -> None:
-  if jax.process_index() == 0:
-    from tqdm import tqdm
-    tqdm.write(msg)
 
 
 class RLLoop:
@@ -288,13 +283,13 @@ class RLLoop:
   def run(self, params, opt_state=None) -> dict:
     """Runs to the last iteration; `opt_state` resumes the optimizer (it
     only matters with reset_optimizer=False)."""
-    from kimi_jax.run import _progress, _rl_step
+    from kimi_jax.run import _rl_step
     s, rl = self.s, self.rl
     state = ts.create_state(params, s.optimizer_rl, s.shardings)
     if opt_state is not None:
       state = state.replace(opt_state=opt_state)
     start = int(self.host.get("iteration", 0))
-    bar = _progress(range(start, rl.iterations), rl.iterations, "RL",
+    bar = progress(range(start, rl.iterations), rl.iterations, "RL",
                     s.cfg.progress, start)
     for it in bar:
       t_iter = time.perf_counter()
@@ -324,7 +319,7 @@ class RLLoop:
           it + 1) < rl.iterations:
         self.evaluate(it + 1, state.params)
       s.metrics.write(it + 1, "rl", row)
-      _log(format_row(it + 1, row))
+      log(format_row(it + 1, row))
       if hasattr(bar, "set_postfix"):
         bar.set_postfix(acc=f"{row.get('accuracy', float('nan')):.2f}",
                         len=f"{row.get('length_mean', 0):.1f}")
@@ -337,7 +332,7 @@ class RLLoop:
                "final_eval": final, "compiles": self.compile_counts(),
                "ledger_groups": len(self.ledger["trained_groups"]),
                "iterations": rl.iterations}
-    _log(f"final held-out pass@1 {final['pass_at_1']:.3f} (greedy "
+    log(f"final held-out pass@1 {final['pass_at_1']:.3f} (greedy "
          f"{final['greedy_accuracy']:.3f}); compilations: "
          f"{self.compile_counts()}")
     if jax.process_index() == 0:
