@@ -6,7 +6,7 @@ Report section 2.6.2 on the project's own components, used as the RL loop
 (kimi_jax/rl/loop.py) uses them: the tiny config's model (random init, one
 device, max_seq_len raised to fit), one Engine / Sampler with a fixed slot
 count, the RolloutBuffer, `rollout.continue_requests` / `record_results`,
-`batching.group_arrays` minibatches, the reference log-prob pass and the
+`batching.sorted_minibatches` (packed rows), the reference log-prob pass and the
 jitted mirror-descent train step with the optimizer reset every iteration.
 
 Workload: groups of K responses per prompt, random-token prompts, no stop
@@ -58,7 +58,7 @@ from kimi_jax.sharding import MeshConfig, Sharder, host_to_global, make_mesh
 TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                     "experiments", "tiny.py")
 PAD_ID = 0
-_MODEL_KEYS = ("tokens", "targets", "positions", "segment_ids", "mask")
+_MODEL_KEYS = batching.ROW_KEYS + ("lengths",)
 _TRAIN_KEYS = _MODEL_KEYS + ("reward", "correct", "ref_seq_logp", "valid")
 
 
@@ -120,7 +120,8 @@ class Bench:
 
   def __init__(self, work: Workload, *, slots: int, budget: int,
                minibatch_prompts: int, steps_per_call: int,
-               learning_rate: float, reference_logprobs: str = "sampler"):
+               learning_rate: float, reference_logprobs: str = "sampler",
+               pack: bool = True):
     self.work = work
     self.cache_len = work.prompt_len + work.max_len
     self.model = tiny_model(self.cache_len)
@@ -139,7 +140,9 @@ class Bench:
         # Enough carry-overs that no response is force-finished.
         max_wait_iterations=math.ceil(work.max_len / budget),
         train_len_buckets=powers_of_two_buckets(self.cache_len),
-        reference_logprobs=reference_logprobs)
+        reference_logprobs=reference_logprobs, pack_sequences=pack)
+    self.row_buckets = batching.row_buckets(minibatch_prompts *
+                                            work.group_size)
     self.optimizer = ts.make_optimizer(ts.OptimizerConfig(
         learning_rate=learning_rate, grad_clip=self.rl.grad_clip))
     self.shardings = ts.state_shardings(self.optimizer, self.model,
@@ -230,27 +233,35 @@ def train_phase(bench: Bench, state: ts.TrainState,
       groups, [work.prompt(g.prompt_index, vocab) for g in groups],
       size=rl.minibatch_prompts, version=it,
       train_on_old_segments=rl.train_on_old_segments,
-      len_buckets=rl.train_len_buckets, pad_id=PAD_ID)
+      len_buckets=rl.train_len_buckets, pad_id=PAD_ID, rows=bench.row_buckets,
+      pack=rl.pack_sequences)
   reward_PxK = np.stack([work.rewards_K(g.group_id) for g in groups])
   batching.attach_scores(mbs, members, reward=reward_PxK,
                          correct=reward_PxK > 0)
-  state = state.replace(opt_state=bench.reset_opt(state.params))
-  for mb in mbs:  # the reference pi_theta_i, before this iteration's steps
-    mb["ref_seq_logp"] = (
-        mb["sampler_seq_logp"] if rl.reference_logprobs == "sampler" else
-        np.asarray(bench.seq_logp(state.params, bench.to_global(
-            {k: mb[k] for k in _MODEL_KEYS}))))
-  for mb in mbs:
-    batch = bench.to_global({k: mb[k] for k in _TRAIN_KEYS})
-    state, m = bench.step_fn(batch)(state, batch)
-    if not jax.device_get(m)["finite"]:
-      raise ts.NonFiniteError(f"iteration {it}: loss {m['loss']} not finite")
+  state = train_on(bench, state, mbs, it)
   trained = sum(t.length for g in groups for t in g.trajectories)
   return state, {"groups_trained": len(groups), "trained_tokens": trained,
                  "loss_tokens": float(sum(mb["mask"].sum() for mb in mbs)),
                  "train_steps": len(mbs),
                  "train_row_tokens": float(sum(mb["tokens"].size
                                                for mb in mbs))}
+
+
+def train_on(bench: Bench, state: ts.TrainState,
+             mbs: list[dict[str, np.ndarray]], it: int) -> ts.TrainState:
+  """Optimizer reset, reference log-probs, one step per minibatch."""
+  state = state.replace(opt_state=bench.reset_opt(state.params))
+  for mb in mbs:  # the reference pi_theta_i, before this iteration's steps
+    mb["ref_seq_logp"] = (
+        mb["sampler_seq_logp"] if bench.rl.reference_logprobs == "sampler"
+        else np.asarray(bench.seq_logp(state.params, bench.to_global(
+            {k: mb[k] for k in _MODEL_KEYS}))))
+  for mb in mbs:
+    batch = bench.to_global({k: mb[k] for k in _TRAIN_KEYS})
+    state, m = bench.step_fn(batch)(state, batch)
+    if not jax.device_get(m)["finite"]:
+      raise ts.NonFiniteError(f"iteration {it}: loss {m['loss']} not finite")
+  return state
 
 
 def iteration(bench: Bench, mode: Mode, it: int) -> dict[str, float]:
@@ -270,8 +281,8 @@ def compile_pass(bench: Bench, budget: int) -> float:
   """Compiles every shape the timed iterations can meet; returns seconds.
 
   Prefill / insert: prompt + a continued prefix of k * budget tokens, as
-  partial rollouts resume (k = 0 for full rollouts). Train: one group per
-  training length bucket that a response length in the mix can reach.
+  partial rollouts resume (k = 0 for full rollouts). Train: every packed
+  row-count bucket at every length bucket a response in the mix can reach.
   """
   t0 = time.perf_counter()
   work, vocab = bench.work, bench.model.vocab_size
@@ -283,19 +294,18 @@ def compile_pass(bench: Bench, budget: int) -> float:
       ("warm", n), tuple(work.prompt(0, vocab)), prefix=(1,) * n,
       max_new_tokens=n + 2, sampling=SamplingParams(seed=n))
                           for n in range(0, work.max_len - 1, budget)])
-  buffer = replay_buffer.RolloutBuffer(group_size=work.group_size,
-                                       max_wait_iterations=0)
-  lengths = {}
-  for b in bench.rl.train_len_buckets:
-    n = min(max(b - work.prompt_len + 1, work.short_range[0]), work.max_len)
-    lengths[batching.bucket_length(work.prompt_len + n - 1,
-                                   bench.rl.train_len_buckets)] = n
-  for n in lengths.values():
-    gid = buffer.new_group(prompt_index=0)
-    for j in range(work.group_size):
-      buffer.add_segment(gid, j, [1] * n, [-1.0] * n, version=0,
-                         finish_reason="length")
-    state, _ = train_phase(bench, state, buffer.complete_groups(), 0)
+  # Every (rows, length) bucket pair: an all-padding minibatch of that shape
+  # (zero loss, finite), through the same reference pass and train step.
+  P, K = bench.rl.minibatch_prompts, work.group_size
+  shortest = work.prompt_len + work.short_range[0] - 1
+  lens = [b for b in bench.rl.train_len_buckets
+          if b >= batching.bucket_length(shortest,
+                                         bench.rl.train_len_buckets)]
+  rows = bench.row_buckets if bench.rl.pack_sequences else (P * K,)
+  mbs = [dict(batching.empty_minibatch(P, K, R, T, PAD_ID),
+              reward=np.zeros((P, K), np.float32),
+              correct=np.zeros((P, K), bool)) for T in lens for R in rows]
+  state = train_on(bench, state, mbs, 0)
   jax.block_until_ready(state.params)
   return time.perf_counter() - t0
 
@@ -317,7 +327,7 @@ def summarise(mode: Mode, slots: int) -> dict[str, float]:
       "train_steps": int(t.get("train_steps", 0)),
       "slot_utilisation": t["decode_tokens"] / max(t["decode_steps"] * slots,
                                                    1),
-      # What the trainer ran: padded P x K x T rows, summed over iterations.
+      # What the trainer ran: packed R x T rows, summed over iterations.
       "train_row_tokens": int(t.get("train_row_tokens", 0)),
       "trained_tokens_per_s": t.get("trained_tokens", 0) / max(wall, 1e-9),
       "loss_tokens_per_s": t.get("loss_tokens", 0) / max(wall, 1e-9),
@@ -344,7 +354,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 minibatch_prompts=args.minibatch_prompts,
                 steps_per_call=args.steps_per_call,
                 learning_rate=args.learning_rate,
-                reference_logprobs=args.reference_logprobs)
+                reference_logprobs=args.reference_logprobs,
+                pack=not args.no_pack)
   compile_s = compile_pass(bench, budget)
   compiles_before = bench.compile_count()
   new_buffer = lambda: replay_buffer.RolloutBuffer(
@@ -391,6 +402,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           "partial_prompts": modes[1].prompts,
           "budget": budget, "cache_len": bench.cache_len,
           "reference_logprobs": bench.rl.reference_logprobs,
+          "pack_sequences": bench.rl.pack_sequences,
           "max_wait_iterations": bench.rl.max_wait_iterations,
           "minibatch_prompts": args.minibatch_prompts,
           "train_len_buckets": bench.rl.train_len_buckets,
@@ -465,6 +477,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                       choices=("sampler", "recompute"),
                       help="rl.reference_logprobs for both modes: reuse the "
                       "sampler's log-probs (the default) or recompute them")
+  parser.add_argument("--no-pack", action="store_true",
+                      help="one response per training row (rl.pack_sequences"
+                      "=False) in both modes, instead of packed rows")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--json", metavar="PATH",
                       help="also write the results here as JSON")

@@ -90,6 +90,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       max_slots=128,
       cache_len=48,
       prefill_buckets=(8, 16, 32, 48),
+      prefill_batch_buckets=(),  # () = powers of two up to max_slots
       temperature=1.0,
       top_k=0,
       top_p=1.0,
@@ -122,6 +123,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       length_reward_warmup=40,
       repeat_penalty=-1.0,
       train_len_buckets=(16, 32, 48),
+      # Minibatch sequences packed into rows, no cross-attention between
+      # them (see docs/loop.md); False puts one response per row.
+      pack_sequences=True,
       eval_every=10,
       eval_samples=4,
   ))

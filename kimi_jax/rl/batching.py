@@ -1,17 +1,26 @@
-"""Finished groups -> fixed-shape training arrays.
+"""Finished groups -> packed, fixed-shape training minibatches.
 
-A row is prompt + response; the model reads row[:-1] and predicts row[1:].
-Response token t sits at row index len(prompt) + t, i.e. target index
-len(prompt) + t - 1. The loss mask marks response targets whose token was
-sampled by the current policy (or all response tokens, when earlier segments
-count); the response length used by the length reward is always the full
-length over every segment, which is what `lengths_PxK` carries.
+A sequence is prompt + response; the model reads seq[:-1] and predicts
+seq[1:]. Response token t sits at sequence index len(prompt) + t, i.e. target
+index len(prompt) + t - 1. The loss mask marks response targets whose token
+was sampled by the current policy (or all response tokens, when earlier
+segments count); the response length used by the length reward is always the
+full length over every segment, which is what `lengths_PxK` carries.
 
-Shapes are padded to buckets so jitted steps compile a bounded number of
-times: T to the smallest `len_buckets` entry that fits, P to a multiple of the
-minibatch (padding prompts have an all-zero mask and `valid_P = 0`).
-`sorted_minibatches` groups responses of similar length so each minibatch
-is padded only to its own bucket.
+A minibatch holds `size` whole groups (P prompts x K responses), so the
+group baseline and eq. 3's per-prompt average are unchanged. Its P*K
+sequences are packed into R rows of T tokens (first fit, longest first):
+each packed sequence gets its own segment id (1, 2, ...) and positions from
+0, so attention never crosses sequences (`transformer._packed_mask`), and
+`seq_RxT` says which (p, k) = p*K + k every token belongs to (P*K on
+padding), so the loss sums token log-probs back into log pi(y|x) per
+response. Without packing a long response in a group pads every row of its
+minibatch to its length; packed, short responses fill the room beside it.
+
+Shapes are bucketed so jitted steps compile a bounded number of times: T is
+the smallest `len_buckets` entry that fits the minibatch's longest sequence,
+R the smallest `row_buckets` entry that fits its rows, P a multiple of the
+minibatch (padding prompts own no tokens and have `valid_P = 0`).
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 
 from kimi_jax.rl import replay_buffer
+
+ROW_KEYS = ("tokens", "targets", "positions", "segment_ids", "mask", "seq")
 
 
 def bucket_length(n: int, buckets: tuple[int, ...]) -> int:
@@ -29,46 +40,104 @@ def bucket_length(n: int, buckets: tuple[int, ...]) -> int:
                    f"length bucket {buckets[-1]} (config.rl.train_len_buckets)")
 
 
-def group_arrays(groups: list[replay_buffer.Group],
-                 prompts: list[list[int]], *, version: int,
-                 train_on_old_segments: bool, len_buckets: tuple[int, ...],
-                 pad_id: int, pad_prompts_to: int) -> dict[str, np.ndarray]:
-  """Arrays of shape P x K x T (tokens, targets, positions, segment_ids,
-  mask), P x K (lengths, sampler_seq_logp) and P (valid)."""
-  if len(groups) != len(prompts):
-    raise ValueError(f"{len(groups)} groups but {len(prompts)} prompts")
-  k = len(groups[0].trajectories) if groups else 1
-  longest = max([len(p) + t.length - 1 for g, p in zip(groups, prompts)
-                 for t in g.trajectories] + [1])
-  T = bucket_length(longest, len_buckets)
-  n = len(groups)
-  P = max(pad_prompts_to, -(-n // pad_prompts_to) * pad_prompts_to)
-  out = {
-      "tokens": np.full((P, k, T), pad_id, np.int32),
-      "targets": np.full((P, k, T), pad_id, np.int32),
-      "positions": np.zeros((P, k, T), np.int32),
-      "segment_ids": np.zeros((P, k, T), np.int32),
-      "mask": np.zeros((P, k, T), np.float32),
-      "lengths": np.zeros((P, k), np.int32),
-      "sampler_seq_logp": np.zeros((P, k), np.float32),
+def row_buckets(max_rows: int, multiple_of: int = 1) -> tuple[int, ...]:
+  """Row counts a packed minibatch is padded to: `multiple_of` (the batch
+  shards of the mesh) times powers of two, capped by `max_rows` (P*K, what
+  an unpacked minibatch needs), which must itself be a multiple."""
+  if max_rows % multiple_of:
+    raise ValueError(f"{max_rows} rows do not divide over {multiple_of} "
+                     f"batch shards")
+  out, n = [], multiple_of
+  while n < max_rows:
+    out.append(n)
+    n *= 2
+  return tuple(out) + (max_rows,)
+
+
+def pack_rows(lengths: list[int], row_len: int, pack: bool = True
+              ) -> list[list[int]]:
+  """Indices of `lengths` per row; each row's lengths sum to <= row_len.
+
+  First fit decreasing: at most 11/9 OPT + 1 rows. pack=False gives every
+  sequence its own row (the unpacked layout, same code path).
+  """
+  if any(n > row_len for n in lengths):
+    raise ValueError(f"a sequence of {max(lengths)} tokens does not fit a "
+                     f"row of {row_len}")
+  order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+  if not pack:
+    return [[i] for i in order]
+  rows: list[list[int]] = []
+  room: list[int] = []
+  for i in order:
+    for r, free in enumerate(room):
+      if lengths[i] <= free:
+        rows[r].append(i)
+        room[r] -= lengths[i]
+        break
+    else:
+      rows.append([i])
+      room.append(row_len - lengths[i])
+  return rows
+
+
+def empty_minibatch(P: int, K: int, R: int, T: int, pad_id: int
+                    ) -> dict[str, np.ndarray]:
+  """The arrays of one minibatch, all padding: R x T rows, P x K per
+  response, P per prompt. Real minibatches fill these in."""
+  return {
+      "tokens": np.full((R, T), pad_id, np.int32),
+      "targets": np.full((R, T), pad_id, np.int32),
+      "positions": np.zeros((R, T), np.int32),
+      "segment_ids": np.zeros((R, T), np.int32),
+      "mask": np.zeros((R, T), np.float32),
+      "seq": np.full((R, T), P * K, np.int32),
+      "lengths": np.zeros((P, K), np.int32),
+      "sampler_seq_logp": np.zeros((P, K), np.float32),
       "valid": np.zeros((P,), np.float32),
   }
-  for p, (group, prompt) in enumerate(zip(groups, prompts)):
-    out["valid"][p] = 1.0
-    for j, traj in enumerate(group.trajectories):
-      row = list(prompt) + list(traj.tokens)
-      m = len(row) - 1
-      out["tokens"][p, j, :m] = row[:-1]
-      out["targets"][p, j, :m] = row[1:]
-      out["positions"][p, j, :m] = np.arange(m)
-      out["segment_ids"][p, j, :m] = 1
+
+
+def packed_minibatch(groups: list[replay_buffer.Group],
+                     prompts: list[list[int]], *, version: int,
+                     train_on_old_segments: bool, len_buckets: tuple[int, ...],
+                     rows: tuple[int, ...], pad_id: int, pad_prompts_to: int,
+                     pack: bool = True) -> dict[str, np.ndarray]:
+  """One minibatch of whole groups; see the module docstring for layout."""
+  if len(groups) != len(prompts):
+    raise ValueError(f"{len(groups)} groups but {len(prompts)} prompts")
+  if len(groups) > pad_prompts_to:
+    raise ValueError(f"{len(groups)} groups exceed the minibatch of "
+                     f"{pad_prompts_to} prompts")
+  K = len(groups[0].trajectories) if groups else 1
+  seqs = [(p, j, list(prompt) + list(traj.tokens), traj)
+          for p, (group, prompt) in enumerate(zip(groups, prompts))
+          for j, traj in enumerate(group.trajectories)]
+  n_in = [len(s) - 1 for _, _, s, _ in seqs]
+  T = bucket_length(max(n_in + [1]), len_buckets)
+  layout = pack_rows(n_in, T, pack)
+  R = bucket_length(len(layout), rows) if layout else rows[0]
+  out = empty_minibatch(pad_prompts_to, K, R, T, pad_id)
+  out["valid"][:len(groups)] = 1.0
+  for r, members in enumerate(layout):
+    col = 0
+    for segment, i in enumerate(members, start=1):
+      p, j, seq, traj = seqs[i]
+      m = n_in[i]
+      span = slice(col, col + m)
+      out["tokens"][r, span] = seq[:-1]
+      out["targets"][r, span] = seq[1:]
+      out["positions"][r, span] = np.arange(m)
+      out["segment_ids"][r, span] = segment
+      out["seq"][r, span] = p * K + j
       resp_mask = replay_buffer.loss_mask(traj.token_versions(), version,
                                           train_on_old_segments)
-      start = len(prompt) - 1
-      out["mask"][p, j, start:start + traj.length] = resp_mask
+      start = col + len(seq) - traj.length - 1
+      out["mask"][r, start:start + traj.length] = resp_mask
       out["lengths"][p, j] = traj.length
       out["sampler_seq_logp"][p, j] = float(
           np.sum(np.asarray(traj.logprobs, np.float64)[resp_mask]))
+      col += m
   return out
 
 
@@ -91,23 +160,26 @@ def group_row_length(group: replay_buffer.Group, prompt: list[int]) -> int:
 def sorted_minibatches(groups: list[replay_buffer.Group],
                        prompts: list[list[int]], *, size: int, version: int,
                        train_on_old_segments: bool,
-                       len_buckets: tuple[int, ...], pad_id: int
+                       len_buckets: tuple[int, ...], pad_id: int,
+                       rows: tuple[int, ...] | None = None, pack: bool = True
                        ) -> tuple[list[dict[str, np.ndarray]], list[int]]:
-  """Minibatches of `size` prompts, each padded to its own length bucket.
+  """Minibatches of `size` whole groups, each packed into its own bucket.
 
-  Groups are ordered by their longest row first, so a few long responses
-  do not pad every row of the iteration to their length. Returns the
-  minibatches and, for each, the indices of its groups in `groups`.
+  Groups are ordered by their longest sequence first, so a few long
+  responses share minibatches. `rows` defaults to `row_buckets(size * K)`.
+  Returns the minibatches and, for each, the indices of its groups.
   """
+  if rows is None:
+    k = len(groups[0].trajectories) if groups else 1
+    rows = row_buckets(size * k)
   order = sorted(range(len(groups)),
                  key=lambda i: group_row_length(groups[i], prompts[i]))
   out, members = [], []
   for start in range(0, len(order), size):
     idx = order[start:start + size]
-    out.append(group_arrays([groups[i] for i in idx],
-                            [prompts[i] for i in idx], version=version,
-                            train_on_old_segments=train_on_old_segments,
-                            len_buckets=len_buckets, pad_id=pad_id,
-                            pad_prompts_to=size))
+    out.append(packed_minibatch(
+        [groups[i] for i in idx], [prompts[i] for i in idx], version=version,
+        train_on_old_segments=train_on_old_segments, len_buckets=len_buckets,
+        rows=rows, pad_id=pad_id, pad_prompts_to=size, pack=pack))
     members.append(idx)
   return out, members

@@ -35,6 +35,9 @@ class RLConfig:
   length_reward_warmup: int = 0
   repeat_penalty: float = -1.0
   train_len_buckets: tuple[int, ...] = ()
+  # Pack each minibatch's sequences into rows (first fit, longest first) so
+  # short responses fill the room beside long ones; False: one per row.
+  pack_sequences: bool = True
   eval_every: int = 10
   eval_samples: int = 4
 

@@ -47,7 +47,7 @@ EVAL_PANELS = (("held-out", ("pass_at_1", "greedy_accuracy")),
                ("held-out response length", ("mean_length",)))
 
 
-_MODEL_KEYS = ("tokens", "targets", "positions", "segment_ids", "mask")
+_MODEL_KEYS = batching.ROW_KEYS + ("lengths",)
 _TRAIN_KEYS = _MODEL_KEYS + ("reward", "correct", "ref_seq_logp", "valid")
 
 
@@ -109,6 +109,11 @@ class RLLoop:
     self._seq_logp = trainer.make_seq_logp_fn(cfg.model, setup.sharder)
     lens = self.rl.train_len_buckets or (cfg.engine.cache_len,)
     self.len_buckets = tuple(lens)
+    # Packed row counts divide over the mesh's batch shards (run.py checks
+    # that an unpacked minibatch of P*K rows does).
+    self.row_buckets = batching.row_buckets(
+        self.rl.minibatch_prompts * self.rl.samples_per_prompt,
+        setup.sharder.axis_size(setup.sharder.rule_map["batch"]))
 
   # ---- helpers ---------------------------------------------------------------
 
@@ -229,7 +234,8 @@ class RLLoop:
         groups, [self.prompt_ids(g.prompt_index) for g in groups],
         size=rl.minibatch_prompts, version=it,
         train_on_old_segments=rl.train_on_old_segments,
-        len_buckets=self.len_buckets, pad_id=s.tokenizer.pad_id)
+        len_buckets=self.len_buckets, pad_id=s.tokenizer.pad_id,
+        rows=self.row_buckets, pack=rl.pack_sequences)
     batching.attach_scores(mbs, members, reward=scores["reward"],
                            correct=scores["correct"])
     if rl.reset_optimizer:
@@ -261,9 +267,13 @@ class RLLoop:
     train_s = time.perf_counter() - t0
     stats = {k: float(np.mean([h[k] for h in history]))
              for k in ("loss", "grad_norm", "update_norm", "param_norm")}
-    stats.update(groups_trained=len(groups), train_s=train_s, train_tokens_per_s=n_tokens / max(
-        train_s, 1e-9), logp_mismatch=mismatch, train_len_max=max(
-            mb["tokens"].shape[-1] for mb in mbs))
+    row_tokens = sum(mb["tokens"].size for mb in mbs) * rl.epochs
+    stats.update(groups_trained=len(groups), train_s=train_s,
+                 train_tokens_per_s=n_tokens / max(train_s, 1e-9),
+                 logp_mismatch=mismatch,
+                 train_len_max=max(mb["tokens"].shape[-1] for mb in mbs),
+                 # Real tokens / tokens the train steps ran (padding).
+                 train_row_fill=n_tokens / max(row_tokens, 1))
     return state, stats
 
   # ---- the loop -------------------------------------------------------------------

@@ -11,6 +11,11 @@ jittable; `kind` / `baseline` strings are static.
 The sequence log-probability used throughout is
 
   log pi(y_j | x) = sum_t mask[j, t] * token_logp[j, t].
+
+The losses proper (`mirror_descent_seq_loss`, `rest_seq_loss`) take these
+P x K sums, so the trainer can compute them from packed rows
+(`packed_sequence_logp`, `kimi_jax/rl/batching.py`); `mirror_descent_loss`
+and `rest_loss` are the same losses on the P x K x T layout.
 """
 
 from __future__ import annotations
@@ -57,6 +62,29 @@ def baseline(reward_PxK: jax.Array, *, tau: float,
   return tau * (jax.nn.logsumexp(r / tau, axis=-1) - jnp.log(jnp.float32(k)))
 
 
+def packed_sums(x_RxT: jax.Array, seq_RxT: jax.Array, n_seq: int
+                ) -> jax.Array:
+  """Per-sequence sums of a packed R x T array; returns n_seq (float32).
+
+  seq_RxT holds each token's sequence index in [0, n_seq); n_seq marks
+  padding, whose sum is dropped.
+  """
+  return jax.ops.segment_sum(x_RxT.astype(jnp.float32).reshape(-1),
+                             seq_RxT.reshape(-1),
+                             num_segments=n_seq + 1)[:n_seq]
+
+
+def packed_sequence_logp(token_logp_RxT: jax.Array, mask_RxT: jax.Array,
+                         seq_RxT: jax.Array, P: int, K: int) -> jax.Array:
+  """log pi(y|x) = sum of masked token log-probs per response; P x K.
+
+  The packed counterpart of `sequence_logp` (same masking by selection).
+  """
+  logp = jnp.where(mask_RxT.astype(bool),
+                   token_logp_RxT.astype(jnp.float32), 0.0)
+  return packed_sums(logp, seq_RxT, P * K).reshape(P, K)
+
+
 def mirror_descent_loss(token_logp_PxKxT: jax.Array,
                         ref_seq_logp_PxK: jax.Array,
                         mask_PxKxT: jax.Array,
@@ -66,6 +94,27 @@ def mirror_descent_loss(token_logp_PxKxT: jax.Array,
                         baseline_kind: BaselineKind = "mean",
                         valid_P: jax.Array | None = None,
                         ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """`mirror_descent_seq_loss` on P x K x T token log-probs; adds the
+  n_tokens metric (mask tokens of valid prompts)."""
+  seq_logp_PxK = sequence_logp(token_logp_PxKxT, mask_PxKxT)
+  loss, metrics = mirror_descent_seq_loss(
+      seq_logp_PxK, ref_seq_logp_PxK, reward_PxK, tau=tau,
+      baseline_kind=baseline_kind, valid_P=valid_P)
+  valid = (jnp.ones(reward_PxK.shape[:1], bool) if valid_P is None
+           else valid_P.astype(bool))
+  metrics["n_tokens"] = jnp.sum(jnp.where(
+      valid[:, None, None], mask_PxKxT.astype(jnp.float32), 0.0))
+  return loss, metrics
+
+
+def mirror_descent_seq_loss(seq_logp_PxK: jax.Array,
+                            ref_seq_logp_PxK: jax.Array,
+                            reward_PxK: jax.Array,
+                            *,
+                            tau: float,
+                            baseline_kind: BaselineKind = "mean",
+                            valid_P: jax.Array | None = None,
+                            ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Surrogate loss whose negative gradient is eq. 3 of the report.
 
   For prompt p with responses y_1..y_K sampled from the reference pi_theta_i,
@@ -84,9 +133,9 @@ def mirror_descent_loss(token_logp_PxKxT: jax.Array,
   updates within an iteration move theta away from the reference.
 
   Args:
-    token_logp_PxKxT: log pi_theta of each response token slot.
+    seq_logp_PxK: s = log pi_theta(y|x), from `sequence_logp` (P x K x T
+      layout) or `packed_sequence_logp` (packed rows).
     ref_seq_logp_PxK: log pi_theta_i(y|x) over the same mask, precomputed.
-    mask_PxKxT: 1 where the token enters the loss.
     reward_PxK: total reward per response (task reward plus any weighted
       length reward / penalties).
     tau: regularisation strength, > 0 (a Python float).
@@ -98,7 +147,7 @@ def mirror_descent_loss(token_logp_PxKxT: jax.Array,
     (loss scalar, metrics), metrics averaged over valid responses:
     reward_mean, baseline_mean, advantage_mean, advantage_abs_mean,
     seq_logp_mean, log_ratio_mean, log_ratio_sq_mean, pg_term (the s*A part
-    of the loss), penalty_term (the tau part), n_tokens.
+    of the loss), penalty_term (the tau part).
   """
   if not tau > 0:
     raise ValueError(f"tau must be > 0, got {tau}")
@@ -111,7 +160,7 @@ def mirror_descent_loss(token_logp_PxKxT: jax.Array,
     # where (not multiply) so non-finite padding cannot leak into the mean.
     return jnp.sum(jnp.where(valid, jnp.mean(x_PxK, axis=-1), 0.0)) / n_valid
 
-  seq_logp_PxK = sequence_logp(token_logp_PxKxT, mask_PxKxT)
+  seq_logp_PxK = seq_logp_PxK.astype(jnp.float32)
   # Zeroing padded rewards keeps their advantage finite: a NaN there would
   # reach the gradient as 0 * NaN even though the loss selects it away.
   reward = jnp.where(valid[:, None], reward_PxK.astype(jnp.float32), 0.0)
@@ -132,8 +181,6 @@ def mirror_descent_loss(token_logp_PxKxT: jax.Array,
       "log_ratio_sq_mean": mean_valid(log_ratio_PxK ** 2),
       "pg_term": pg_term,
       "penalty_term": penalty_term,
-      "n_tokens": jnp.sum(jnp.where(valid[:, None, None],
-                                    mask_PxKxT.astype(jnp.float32), 0.0)),
   }
   return loss, metrics
 
@@ -141,24 +188,33 @@ def mirror_descent_loss(token_logp_PxKxT: jax.Array,
 def rest_loss(token_logp_PxKxT: jax.Array, mask_PxKxT: jax.Array,
               correct_PxK: jax.Array
               ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """`rest_seq_loss` on P x K x T token log-probs."""
+  return rest_seq_loss(sequence_logp(token_logp_PxKxT, mask_PxKxT),
+                       jnp.sum(mask_PxKxT.astype(jnp.float32), axis=-1),
+                       correct_PxK)
+
+
+def rest_seq_loss(seq_logp_PxK: jax.Array, n_tokens_PxK: jax.Array,
+                  correct_PxK: jax.Array
+                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """ReST: supervised fit of the correct responses only.
 
-    w[p, j, t] = mask[p, j, t] * correct[p, j]
-    loss = -sum(w * token_logp) / max(sum(w), 1)
+    loss = -sum_{j correct} log pi(y_j|x) / max(sum_{j correct} |y_j|, 1)
 
-  i.e. the mean negative log-likelihood per token of correct responses.
-  Incorrect responses get no (negative) gradient at all; with no correct
-  response in the batch the loss and its gradient are exactly zero.
+  i.e. the mean negative log-likelihood per loss token of correct
+  responses (|y_j| counts the tokens in the mask). Incorrect responses get no
+  (negative) gradient at all; with no correct response in the batch the loss
+  and its gradient are exactly zero.
 
   Returns (loss scalar, metrics) with metrics: n_correct, n_tokens, nll.
   """
-  weight_PxKxT = (mask_PxKxT.astype(bool) &
-                  correct_PxK.astype(bool)[:, :, None])
-  logp = jnp.where(weight_PxKxT, token_logp_PxKxT.astype(jnp.float32), 0.0)
-  n_tokens = jnp.sum(weight_PxKxT.astype(jnp.float32))
+  correct = correct_PxK.astype(bool)
+  logp = jnp.where(correct, seq_logp_PxK.astype(jnp.float32), 0.0)
+  n_tokens = jnp.sum(jnp.where(correct, n_tokens_PxK.astype(jnp.float32),
+                               0.0))
   loss = -jnp.sum(logp) / jnp.maximum(n_tokens, 1.0)
   metrics = {
-      "n_correct": jnp.sum(correct_PxK.astype(jnp.float32)),
+      "n_correct": jnp.sum(correct.astype(jnp.float32)),
       "n_tokens": n_tokens,
       "nll": loss,
   }

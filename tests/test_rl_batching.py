@@ -1,0 +1,158 @@
+"""Packed minibatches: layout against a direct per-response reconstruction,
+and the loss and gradient against the unpacked layout."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kimi_jax.model.config import ModelConfig
+from kimi_jax.model.transformer import forward, init_params, token_logprobs
+from kimi_jax.rl import batching, losses, replay_buffer, trainer
+from kimi_jax.rl.config import RLConfig
+
+CFG = ModelConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2,
+                  n_kv_heads=1, head_dim=8, mlp_dim=32, max_seq_len=64)
+K = 3
+PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+# Per group, per response: segments of (n tokens, policy version).
+SEGMENTS = [[[(4, 1)], [(2, 0), (3, 1)], [(1, 1)]],
+            [[(9, 1)], [(3, 1)], [(2, 0), (2, 1)]],
+            [[(1, 1)], [(2, 1)], [(5, 1)]]]
+VERSION = 1
+
+
+def _groups(seed=0):
+  rng = np.random.default_rng(seed)
+  buf = replay_buffer.RolloutBuffer(group_size=K, max_wait_iterations=5)
+  for p, per_response in enumerate(SEGMENTS):
+    gid = buf.new_group(prompt_index=p)
+    for j, segs in enumerate(per_response):
+      for s, (n, version) in enumerate(segs):
+        last = s == len(segs) - 1
+        buf.add_segment(gid, j, [int(t) for t in rng.integers(1, 32, n)],
+                        [float(x) for x in -rng.uniform(0.1, 3.0, n)],
+                        version=version,
+                        finish_reason="stop" if last else None)
+  return buf.complete_groups()
+
+
+def _minibatch(pack, old=False, rows=(2, 4, 8, 9), pad_to=4):
+  return batching.packed_minibatch(
+      _groups(), PROMPTS, version=VERSION, train_on_old_segments=old,
+      len_buckets=(8, 16), rows=rows, pad_id=0, pad_prompts_to=pad_to,
+      pack=pack)
+
+
+def test_pack_rows_first_fit_decreasing_hand_case():
+  rows = batching.pack_rows([5, 3, 3, 2, 7], 8)
+  assert rows == [[4], [0, 1], [2, 3]]
+  assert batching.pack_rows([5, 3], 8, pack=False) == [[0], [1]]
+  with pytest.raises(ValueError, match="9 tokens"):
+    batching.pack_rows([9], 8)
+
+
+def test_pack_rows_places_every_sequence_once_within_the_row():
+  rng = np.random.default_rng(1)
+  for _ in range(50):
+    lengths = list(rng.integers(1, 33, rng.integers(1, 40)))
+    rows = batching.pack_rows(lengths, 32)
+    assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in r) <= 32 for r in rows)
+    # Never worse than one row per sequence, never below the volume bound.
+    assert -(-sum(lengths) // 32) <= len(rows) <= len(lengths)
+
+
+def test_row_buckets_divide_over_batch_shards():
+  assert batching.row_buckets(16) == (1, 2, 4, 8, 16)
+  assert batching.row_buckets(16, 8) == (8, 16)
+  assert batching.row_buckets(12, 4) == (4, 8, 12)
+  with pytest.raises(ValueError, match="do not divide"):
+    batching.row_buckets(10, 4)
+
+
+@pytest.mark.parametrize("old", [False, True])
+def test_layout_matches_each_response_built_directly(old):
+  mb = _minibatch(pack=True, old=old)
+  groups = _groups()
+  R, T = mb["tokens"].shape
+  assert (R, T) == (4, 16)  # 9 sequences of 2..13 input tokens in 4 rows
+  assert mb["valid"].tolist() == [1, 1, 1, 0]
+  for p, (group, prompt) in enumerate(zip(groups, PROMPTS)):
+    for j, traj in enumerate(group.trajectories):
+      seq = list(prompt) + list(traj.tokens)
+      where = mb["seq"] == p * K + j
+      (row,) = set(np.nonzero(where)[0])  # one sequence, one row
+      assert mb["tokens"][where].tolist() == seq[:-1]
+      assert mb["targets"][where].tolist() == seq[1:]
+      assert mb["positions"][where].tolist() == list(range(len(seq) - 1))
+      assert len(set(mb["segment_ids"][where].tolist())) == 1
+      versions = [v for n, v in SEGMENTS[p][j] for _ in range(n)]
+      want_mask = [0.0] * (len(prompt) - 1) + [
+          1.0 if old or v == VERSION else 0.0 for v in versions]
+      assert mb["mask"][where].tolist() == want_mask
+      assert mb["lengths"][p, j] == len(traj.tokens)
+      lp = np.asarray(traj.logprobs)
+      np.testing.assert_allclose(mb["sampler_seq_logp"][p, j],
+                                 lp[np.asarray(want_mask[len(prompt) - 1:])
+                                    > 0].sum(), rtol=1e-6)
+  # Segment ids differ between the sequences that share a row; padding is 0.
+  pad = mb["seq"] == 3 * K + 0  # the padding index P*K (P = 4 here)
+  assert (mb["segment_ids"][pad] == 0).all() and (mb["mask"][pad] == 0).all()
+  for r in range(R):
+    seqs = set(mb["seq"][r][~pad[r]].tolist())
+    segs = set(mb["segment_ids"][r][~pad[r]].tolist())
+    assert len(seqs) == len(segs)
+
+
+def _loss_and_grad(mb, rl, params, ref):
+  batch = dict(mb, reward=np.array([[1, 0, .5], [0, 0, 1], [1, 1, 0],
+                                    [0, 0, 0]], np.float32),
+               correct=np.array([[1, 0, 1], [0, 0, 1], [1, 1, 0], [0, 0, 0]],
+                                bool), ref_seq_logp=ref)
+  fn = lambda p: trainer.policy_loss(p, batch, cfg=CFG, rl=rl, sharder=None)
+  (loss, metrics), grads = jax.value_and_grad(fn, has_aux=True)(params)
+  return loss, metrics, grads
+
+
+@pytest.mark.parametrize("loss", ["mirror_descent", "rest"])
+def test_packed_loss_and_gradient_equal_the_unpacked_ones(loss):
+  rl = RLConfig(iterations=1, prompts_per_iteration=4, samples_per_prompt=K,
+                minibatch_prompts=4, loss=loss, tau=0.5)
+  params = init_params(CFG, jax.random.key(0), std=0.3)
+  packed, unpacked = _minibatch(pack=True), _minibatch(pack=False)
+  assert packed["tokens"].shape[0] < unpacked["tokens"].shape[0]
+  ref = np.asarray(trainer.seq_logp(
+      init_params(CFG, jax.random.key(1), std=0.3), unpacked, cfg=CFG,
+      sharder=None))
+  np.testing.assert_allclose(ref, trainer.seq_logp(
+      init_params(CFG, jax.random.key(1), std=0.3), packed, cfg=CFG,
+      sharder=None), rtol=1e-5, atol=1e-5)
+  got = _loss_and_grad(packed, rl, params, ref)
+  want = _loss_and_grad(unpacked, rl, params, ref)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+  assert float(got[1]["n_tokens"]) == float(want[1]["n_tokens"]) > 0
+  for g, w in zip(jax.tree.leaves(got[2]), jax.tree.leaves(want[2])):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+  assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(got[2])) > 0
+
+
+def test_packed_seq_logp_equals_a_separate_forward_per_response():
+  params = init_params(CFG, jax.random.key(2), std=0.3)
+  mb = _minibatch(pack=True, old=True)
+  got = np.asarray(trainer.seq_logp(params, mb, cfg=CFG, sharder=None))
+  for p, (group, prompt) in enumerate(zip(_groups(), PROMPTS)):
+    for j, traj in enumerate(group.trajectories):
+      seq = jnp.array([list(prompt) + list(traj.tokens)], jnp.int32)
+      n = seq.shape[1] - 1
+      logits, _ = forward(params, seq[:, :-1], jnp.arange(n)[None],
+                          jnp.ones((1, n), jnp.int32), cfg=CFG)
+      lp = token_logprobs(logits, seq[:, 1:])[0, len(prompt) - 1:]
+      np.testing.assert_allclose(got[p, j], float(lp.sum()), rtol=1e-5)
+  assert (got[3] == 0).all()  # the padding prompt owns no tokens
+
+
+def test_packed_sums_drop_padding():
+  x = jnp.array([[1., 2., 3.], [4., 5., 6.]])
+  seq = jnp.array([[0, 0, 2], [1, 2, 1]])  # 2 = padding for n_seq = 2
+  np.testing.assert_allclose(losses.packed_sums(x, seq, 2), [3., 10.])
