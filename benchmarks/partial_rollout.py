@@ -288,8 +288,11 @@ def compile_pass(bench: Bench, budget: int) -> float:
   work, vocab = bench.work, bench.model.vocab_size
   state = bench.fresh_state(seed=10_000)
   bench.engine.load_params(state.params)
-  # Two new tokens each: one from the prefill, one from a decode step, so
-  # insert, generate and free_resource compile too.
+  # Batched prefill / insert at every (length, batch) bucket pair that
+  # prompt + k * budget tokens can reach, and free_slots.
+  bench.engine.warm_up_admission(bench.engine.params, [
+      work.prompt_len + n for n in range(0, work.max_len - 1, budget)])
+  # Two new tokens each, so generate compiles too.
   bench.sampler.generate([SampleRequest(
       ("warm", n), tuple(work.prompt(0, vocab)), prefix=(1,) * n,
       max_new_tokens=n + 2, sampling=SamplingParams(seed=n))

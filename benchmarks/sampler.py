@@ -11,7 +11,11 @@ to fit) and a Qwen2-shaped config:
   - continuous_vs_static_speedup: a long-tail mix (10% of requests need 8x
     the median length) through the same engine with continuous batching vs
     static batches of the slot count (each runs until its longest member is
-    done).
+    done);
+  - admission (tiny only; alone with --part admission): requests/s of
+    admitting 256 requests into 64 slots and freeing them, one at a time
+    (prefill, read the first token, insert, free_resource per request) vs
+    batched (prefill_batch, one read, insert_batch, free_slots per 64).
 """
 
 from __future__ import annotations
@@ -162,6 +166,62 @@ def continuous_vs_static(cfg, engine: Engine, steps: int, n_requests: int = 64,
               continuous_vs_static_speedup=static_s / cont_s)
 
 
+def admission(cfg: ModelConfig, params, slots: int = 64,
+              n_requests: int = 256, repeats: int = 3) -> dict:
+  """Admission cost alone: the driver's per-request host work, without
+  decoding. Both sides read every first token back, as the driver must
+  (stop tokens, budgets); best of `repeats` after a compiling warm-up."""
+  engine = Engine(cfg, EngineConfig(slots, CACHE_LEN, (PROMPT_LEN,)),
+                  params=params)
+  reqs = requests(cfg, n_requests, [1] * n_requests,
+                  lambda i: SamplingParams(seed=i), seed=4)
+  rounds = [reqs[i:i + slots] for i in range(0, n_requests, slots)]
+
+  def one_at_a_time():
+    state, firsts = engine.init_decode_state(), []
+    for batch in rounds:
+      for slot, r in enumerate(batch):
+        prefix = engine.prefill(params, r.prompt, r.sampling)
+        firsts.append(int(np.asarray(prefix.token)))
+        state = engine.insert(prefix, state, slot)
+      for slot in range(len(batch)):
+        state = engine.free_resource(state, slot)
+    jax.block_until_ready(state)
+    return firsts
+
+  def batched():
+    state, firsts = engine.init_decode_state(), []
+    for batch in rounds:
+      prefix = engine.prefill_batch(params, [r.prompt for r in batch],
+                                    [r.sampling for r in batch],
+                                    [0] * len(batch))
+      token_N, _ = jax.device_get((prefix.token, prefix.logprob))
+      firsts += [int(t) for t in token_N[:len(batch)]]
+      state = engine.insert_batch(prefix, state, range(len(batch)))
+      state = engine.free_slots(state, np.arange(slots) < len(batch))
+    jax.block_until_ready(state)
+    return firsts
+
+  out = dict(slots=slots, requests=n_requests, prompt_len=PROMPT_LEN)
+  for name, fn in (("one_at_a_time", one_at_a_time), ("batched", batched)):
+    firsts = fn()  # compiles
+    seconds = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      fn()
+      seconds.append(time.perf_counter() - start)
+    out[name] = dict(seconds=min(seconds),
+                     requests_per_s=n_requests / min(seconds),
+                     ms_per_request=1e3 * min(seconds) / n_requests,
+                     first_tokens=firsts)
+  out["same_first_tokens"] = (out["one_at_a_time"].pop("first_tokens") ==
+                              out["batched"].pop("first_tokens"))
+  out["batched_vs_one_at_a_time_speedup"] = (
+      out["one_at_a_time"]["seconds"] / out["batched"]["seconds"])
+  out["compile_count"] = engine.compile_count()
+  return out
+
+
 def handoff_timings(cfg: ModelConfig, workdir: str) -> dict:
   """The three weight-handoff paths into an engine on a mesh of every
   device (tensor=2 when there are >= 2 devices, the rest data)."""
@@ -194,10 +254,12 @@ def main(argv=None) -> dict:
   parser.add_argument("--json", help="write results here")
   parser.add_argument("--batches", default="8,32,64")
   parser.add_argument("--steps-per-call", type=int, default=8)
-  parser.add_argument("--part", choices=("all", "handoff"), default="all",
+  parser.add_argument("--part", choices=("all", "handoff", "admission"),
+                      default="all",
                       help="handoff: only the weight-handoff timings (run "
                       "with several devices, e.g. XLA_FLAGS="
-                      "--xla_force_host_platform_device_count=8)")
+                      "--xla_force_host_platform_device_count=8); "
+                      "admission: only the batched-admission comparison")
   args = parser.parse_args(argv)
   if args.part == "handoff":
     with tempfile.TemporaryDirectory() as tmp:
@@ -207,6 +269,17 @@ def main(argv=None) -> dict:
             f" {report['handoff'][name]} |")
     print(f"params: {report['handoff']['param_bytes'] / 2**20:.1f} MiB, "
           f"mesh {report['handoff']['mesh']}")
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    return report
+  if args.part == "admission":
+    name, cfg = tiny_config()
+    params = jax.jit(lambda k: transformer.init_params(cfg, k))(
+        jax.random.key(0))
+    report = dict(device=str(jax.devices()[0].platform),
+                  configs={name: dict(admission=admission(cfg, params))})
+    print_admission(report)
     if args.json:
       with open(args.json, "w") as f:
         json.dump(report, f, indent=1, default=str)
@@ -232,6 +305,7 @@ def main(argv=None) -> dict:
                                                          steps))
     if name.startswith("tiny"):
       entry["continuous_vs_static"] = continuous_vs_static(cfg, small, steps)
+      entry["admission"] = admission(cfg, params)
     report["configs"][name] = entry
   print_table(report)
   if args.json:
@@ -266,6 +340,25 @@ def print_table(report: dict) -> None:
             f"requests, {s['slots']} slots: continuous {s['continuous_s']:.2f}s"
             f" / {s['continuous_steps']} steps, static {s['static_s']:.2f}s / "
             f"{s['static_steps']} steps, same outputs: {s['same_outputs']} |")
+  print_admission(report, header=False)
+
+
+def print_admission(report: dict, header: bool = True) -> None:
+  if header:
+    print("| config | measure | value | detail |")
+    print("|---|---|---|---|")
+  for name, entry in report["configs"].items():
+    if "admission" not in entry:
+      continue
+    a = entry["admission"]
+    one, batched = a["one_at_a_time"], a["batched"]
+    print(f"| {name} | admission_batched_vs_one_at_a_time | "
+          f"{a['batched_vs_one_at_a_time_speedup']:.1f}x | {a['requests']} "
+          f"requests, {a['slots']} slots: one at a time "
+          f"{one['requests_per_s']:.0f} req/s ({one['ms_per_request']:.2f} "
+          f"ms/req), batched {batched['requests_per_s']:.0f} req/s "
+          f"({batched['ms_per_request']:.3f} ms/req), same first tokens: "
+          f"{a['same_first_tokens']} |")
 
 
 if __name__ == "__main__":

@@ -105,6 +105,9 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
       max_slots=max_slots,
       cache_len=seq_len,
       prefill_buckets=_powers_of_two(512, seq_len),
+      # Long prompts are compute-bound already; bigger prefill batches would
+      # only multiply the prefill's activation memory.
+      prefill_batch_buckets=(1, 2, 4, 8),
       temperature=1.0,
       top_k=0,
       top_p=1.0,
@@ -137,6 +140,7 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
       length_reward_warmup=100,  # ours: off at first, then constant
       repeat_penalty=-1.0,
       train_len_buckets=_powers_of_two(4096, seq_len),
+      pack_sequences=True,
       eval_every=20,
       eval_samples=4,
   ))

@@ -61,8 +61,9 @@ class RunConfig:
 def parse_config(config: ml_collections.ConfigDict) -> RunConfig:
   """Validates every section; errors name the offending key."""
   s = config.sampler
-  known_sampler = {"max_slots", "cache_len", "prefill_buckets", "temperature",
-                   "top_k", "top_p", "repeat_ngram", "repeat_times"}
+  known_sampler = {"max_slots", "cache_len", "prefill_buckets",
+                   "prefill_batch_buckets", "temperature", "top_k", "top_p",
+                   "repeat_ngram", "repeat_times"}
   unknown = sorted(set(s.keys()) - known_sampler)
   if unknown:
     raise ConfigError(f"config.sampler: unknown keys {unknown}")
@@ -70,7 +71,9 @@ def parse_config(config: ml_collections.ConfigDict) -> RunConfig:
   rl = to_dataclass(RLConfig, config.rl, "rl")
   engine = to_dataclass(EngineConfig, dict(
       max_slots=s.max_slots, cache_len=s.cache_len,
-      prefill_buckets=tuple(s.prefill_buckets) or None), "sampler")
+      prefill_buckets=tuple(s.prefill_buckets) or None,
+      prefill_batch_buckets=tuple(s.get("prefill_batch_buckets", ())) or None),
+      "sampler")
   if engine.cache_len > model.max_seq_len:
     raise ConfigError(f"config.sampler.cache_len ({engine.cache_len}) exceeds "
                       f"config.model.max_seq_len ({model.max_seq_len})")

@@ -64,7 +64,8 @@ def test_pack_rows_places_every_sequence_once_within_the_row():
 
 
 def test_row_buckets_divide_over_batch_shards():
-  assert batching.row_buckets(16) == (1, 2, 4, 8, 16)
+  assert batching.row_buckets(16) == (1, 2, 3, 4, 6, 8, 12, 16)
+  assert batching.row_buckets(32, 4) == (4, 8, 12, 16, 24, 32)
   assert batching.row_buckets(16, 8) == (8, 16)
   assert batching.row_buckets(12, 4) == (4, 8, 12)
   with pytest.raises(ValueError, match="do not divide"):

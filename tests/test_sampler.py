@@ -1,6 +1,8 @@
 """The decode engine and continuous-batching driver against the trainer's
 uncached forward: greedy outputs, log-probs, slot reuse, partial rollouts,
-repeat stops, bad requests, an 8-device mesh and the weight handoff."""
+repeat stops, bad requests, an 8-device mesh, the weight handoff, and the
+batched admission (prefill_batch / insert_batch / free_slots) against the
+one-request-at-a-time engine methods."""
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +14,8 @@ from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sampler import handoff
 from kimi_jax.sampler.driver import (SampleRequest, SampleRequestError,
-                                     Sampler, continuation)
+                                     SampleResult, Sampler, admission_groups,
+                                     continuation)
 from kimi_jax.sampler.engine import Engine, EngineConfig
 from kimi_jax.sampler.repetition import RepeatConfig
 from kimi_jax.sampler.sampling import SamplingParams
@@ -102,8 +105,12 @@ def test_greedy_matches_uncached_argmax_and_compiles_are_bounded(
   assert stats.tokens_generated == sum(m for _, m in MIXED)
   assert 0 < stats.slot_utilisation <= 1
   counts = engine.compile_count()
-  assert counts["prefill"] <= 2 and counts["insert"] <= 2  # two buckets
+  # Batched admission: at most one compile per (length bucket, batch bucket);
+  # 2 x 3 here. The single-request prefill / insert / free are not used.
+  assert counts["prefill_batch"] <= 2 * 3 and counts["insert_batch"] <= 2 * 3
   assert counts["generate"] == 1 and counts["init_decode_state"] == 1
+  assert counts["free_slots"] == 1
+  assert not {"prefill", "insert", "free_resource"} & set(counts)
   sampler.generate([SampleRequest("again", _prompt(9, 25), max_new_tokens=4,
                                    sampling=GREEDY)])
   assert engine.compile_count() == counts
@@ -128,6 +135,16 @@ def test_logprobs_equal_trainer_logprobs(params, sampler):
     assert t in top5
 
 
+def assert_same_results(got, want):
+  """Same ids, tokens and finish reasons; log-probs equal up to the float
+  rounding that differs between prefill batch sizes."""
+  assert len(got) == len(want)
+  for a, b in zip(got, want):
+    assert (a.id, a.tokens, a.finish_reason) == (b.id, b.tokens,
+                                                 b.finish_reason)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
 def test_slot_reuse_and_batch_composition_do_not_change_results(sampler):
   target = SampleRequest("x", _prompt(50, 4), max_new_tokens=10,
                          sampling=SamplingParams(seed=42))
@@ -137,10 +154,12 @@ def test_slot_reuse_and_batch_composition_do_not_change_results(sampler):
   others = [SampleRequest(i, _prompt(60 + i, 25), max_new_tokens=3 + i,
                           sampling=SamplingParams(seed=i)) for i in range(6)]
   mixed = sampler.generate(others + [target])
-  assert mixed[-1] == alone
+  assert_same_results(mixed[-1:], [alone])
   shuffled = sampler.generate([target] + others[::-1])
-  assert shuffled[0] == alone
-  assert {r.id: r for r in shuffled[1:]} == {r.id: r for r in mixed[:-1]}
+  assert_same_results(shuffled[:1], [alone])
+  # Batched prefill: a request's prefill batch size depends on the mix, so
+  # log-probs may differ by float rounding; tokens may not.
+  assert_same_results(sorted(shuffled[1:], key=lambda r: r.id), mixed[:-1])
   other_seed = sampler.generate([SampleRequest(
       "x", target.prompt, max_new_tokens=10,
       sampling=SamplingParams(seed=43))])[0]
@@ -297,3 +316,261 @@ def test_handoff_shared_resharded_and_checkpoint(params, sharder, tmp_path):
 def test_mesh_rejects_slots_that_do_not_divide(sharder):
   with pytest.raises(ShardingError, match="decode_state"):
     Engine(CFG, EngineConfig(max_slots=6, cache_len=48), sharder=sharder)
+
+
+# ---- batched admission ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mesh_engine(params, sharder):
+  return Engine(CFG, ENGINE_CFG, sharder=sharder, params=params)
+
+
+def test_batch_buckets_default_and_validation():
+  assert EngineConfig(max_slots=6, cache_len=48).batch_buckets == (1, 2, 4, 6)
+  assert EngineConfig(max_slots=8, cache_len=48).batch_buckets == (1, 2, 4, 8)
+  assert EngineConfig(max_slots=1, cache_len=48).batch_buckets == (1,)
+  for bad in [(), (0, 2), (2, 1), (1, 8)]:
+    with pytest.raises(ValueError, match="sampler.prefill_batch_buckets"):
+      EngineConfig(max_slots=4, cache_len=48, prefill_batch_buckets=bad)
+
+
+def test_admission_groups_split_by_bucket_and_batch_cap(engine):
+  lengths = [3, 20, 7, 30, 5, 8, 9]  # buckets 8, 32, 8, 32, 8, 8, 32
+  assert admission_groups(lengths, engine.bucket_for, 2) == [
+      [0, 2], [4, 5], [1, 3], [6]]
+  assert admission_groups(lengths, engine.bucket_for, 4) == [
+      [0, 2, 4, 5], [1, 3, 6]]
+
+
+# (tokens, sampling, first index): two length buckets, continuations
+# (first index > 0), seeded and greedy rows.
+BATCH_SEQS = [
+    (_prompt(100, 3), SamplingParams(seed=11), 0),
+    (_prompt(101, 7), GREEDY, 0),
+    (_prompt(102, 5), SamplingParams(seed=12, temperature=0.8, top_k=6), 2),
+    (_prompt(103, 20), SamplingParams(seed=13), 5),
+    (_prompt(104, 30), GREEDY, 0),
+]
+
+
+def _host_state(state):
+  return jax.tree_util.tree_map(np.asarray, state)
+
+
+@pytest.mark.parametrize("on_mesh", [False, True])
+def test_prefill_batch_and_insert_batch_match_one_at_a_time(
+    engine, mesh_engine, on_mesh):
+  eng = mesh_engine if on_mesh else engine
+  short, long_ = BATCH_SEQS[:3], BATCH_SEQS[3:]
+  # Row 1 of the short group stands for a request that finished on its first
+  # token: it is not inserted. The short group (3 rows) pads to batch 4.
+  plan = [(short, [0, None, 2]), (long_, [1, 3])]
+  ref = eng.init_decode_state()
+  got = eng.init_decode_state()
+  for seqs, slots in plan:
+    prefix = eng.prefill_batch(eng.params, *map(list, zip(*seqs)))
+    assert prefix.k.shape[1] == eng.batch_bucket_for(len(seqs))
+    assert np.isfinite(np.asarray(prefix.logprob)).all()  # padding rows too
+    for row, ((tokens, sampling, first), slot) in enumerate(zip(seqs, slots)):
+      one = eng.prefill(eng.params, tokens, sampling, first)
+      assert int(one.token) == int(prefix.token[row])
+      np.testing.assert_allclose(float(one.logprob), prefix.logprob[row],
+                                 atol=1e-5)
+      n = len(tokens)
+      np.testing.assert_allclose(np.asarray(one.k)[:, 0, :n],
+                                 np.asarray(prefix.k)[:, row, :n], atol=1e-4)
+      if slot is not None:
+        ref = eng.insert(one, ref, slot)
+    got = eng.insert_batch(prefix, got, slots)
+  if on_mesh:
+    assert got.cache.k.sharding.spec == P(None, ("data", "fsdp"), None,
+                                          "tensor", None)
+    assert got.active.sharding.spec == ref.active.sharding.spec
+  a, b = _host_state(got), _host_state(ref)
+  assert a.active.tolist() == [True, True, True, True]
+  for field in ("tokens", "index", "active"):
+    np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+  np.testing.assert_array_equal(a.cache.lengths, b.cache.lengths)
+  for x, y in zip(a.sampling, b.sampling):
+    np.testing.assert_array_equal(x, y)
+  # The same continuation: greedy and seeded decode from both states.
+  got, tokens_got, logp_got = eng.generate(eng.params, got, 3)
+  ref, tokens_ref, logp_ref = eng.generate(eng.params, ref, 3)
+  got, t2_got, l2_got = eng.generate(eng.params, got, 3)
+  ref, t2_ref, l2_ref = eng.generate(eng.params, ref, 3)
+  np.testing.assert_array_equal(np.concatenate([tokens_got, t2_got]),
+                                np.concatenate([tokens_ref, t2_ref]))
+  np.testing.assert_allclose(np.concatenate([logp_got, l2_got]),
+                             np.concatenate([logp_ref, l2_ref]), atol=1e-4)
+
+
+def test_insert_batch_skips_rows_and_leaves_other_slots_alone(engine):
+  state = engine.insert(engine.prefill(engine.params, _prompt(105, 6),
+                                       GREEDY), engine.init_decode_state(), 2)
+  before = _host_state(state)
+  prefix = engine.prefill_batch(engine.params, [_prompt(106, 4)] * 3,
+                                [GREEDY] * 3, [0] * 3)
+  after = _host_state(engine.insert_batch(prefix, state, [None, 0]))
+  assert after.active.tolist() == [True, False, True, False]
+  assert after.cache.lengths.tolist() == [4, 0, 6, 0]
+  np.testing.assert_array_equal(after.cache.k[:, 1:], before.cache.k[:, 1:])
+  with pytest.raises(ValueError, match="repeat"):
+    engine.insert_batch(prefix, engine.init_decode_state(), [1, 1])
+  with pytest.raises(ValueError, match="outside"):
+    engine.insert_batch(prefix, engine.init_decode_state(), [4])
+  with pytest.raises(ValueError, match="prefill_batch"):
+    engine.insert_batch(engine.prefill(engine.params, (1, 2), GREEDY),
+                        engine.init_decode_state(), [0])
+
+
+def test_free_slots_frees_exactly_the_masked_slots(engine):
+  def full_state():
+    prefix = engine.prefill_batch(
+        engine.params, [_prompt(110 + i, 3 + i) for i in range(4)],
+        [SamplingParams(seed=i) for i in range(4)], [0] * 4)
+    return engine.insert_batch(prefix, engine.init_decode_state(),
+                               [0, 1, 2, 3])
+
+  before = _host_state(full_state())
+  mask_B = np.array([True, False, True, False])
+  got = engine.free_slots(full_state(), mask_B)
+  ref = full_state()
+  for slot in (0, 2):  # the one-at-a-time path
+    ref = engine.free_resource(ref, slot)
+  a, b = _host_state(got), _host_state(ref)
+  assert a.active.tolist() == [False, True, False, True]
+  assert a.cache.lengths.tolist() == [0, 4, 0, 6]
+  for x, y, z in zip(jax.tree_util.tree_leaves(a),
+                     jax.tree_util.tree_leaves(b),
+                     jax.tree_util.tree_leaves(before)):
+    np.testing.assert_array_equal(x, y)
+    assert x.shape == z.shape
+  np.testing.assert_array_equal(a.cache.k, before.cache.k)
+  with pytest.raises(ValueError, match="mask"):
+    engine.free_slots(got, np.ones((3,), bool))
+
+
+def one_at_a_time(engine, req):
+  """Reference: one request alone in slot 0, through the single-request
+  methods (prefill, insert, one-step generate, free_resource), with the
+  driver's finish rules (stop > length > budget; no repeat detector)."""
+  prefix = engine.prefill(engine.params, req.prompt + req.prefix,
+                          req.sampling, len(req.prefix))
+  state = engine.insert(prefix, engine.init_decode_state(), 0)
+  tokens, logprobs = [int(prefix.token)], [float(prefix.logprob)]
+  budget = req.max_new_tokens if req.budget is None else req.budget
+
+  def reason():
+    if tokens[-1] in req.stop_tokens:
+      return "stop"
+    if len(req.prefix) + len(tokens) >= req.max_new_tokens:
+      return "length"
+    return "budget" if len(tokens) >= budget else None
+
+  while reason() is None:
+    state, t, lp = engine.generate(engine.params, state, 1)
+    tokens.append(int(t[0, 0]))
+    logprobs.append(float(lp[0, 0]))
+  engine.free_resource(state, 0)
+  return SampleResult(req.id, tuple(tokens), tuple(logprobs), reason())
+
+
+def _recording(engine, monkeypatch):
+  """Records (length bucket, batch bucket) of every prefill_batch call."""
+  calls = []
+  real = engine.prefill_batch
+
+  def prefill_batch(params, seqs, samplings, firsts):
+    calls.append((engine.bucket_for(max(len(s) for s in seqs)),
+                  engine.batch_bucket_for(len(seqs))))
+    return real(params, seqs, samplings, firsts)
+
+  monkeypatch.setattr(engine, "prefill_batch", prefill_batch)
+  return calls
+
+
+def _mixed_requests(params, n, seed):
+  """Mixed lengths over both buckets, continuations, budgets, stop tokens
+  (some hit on the first token), seeded and greedy sampling."""
+  rng = np.random.default_rng(seed)
+  reqs = []
+  for i in range(n):
+    prompt = _prompt(seed * 100 + i, int(rng.choice([2, 5, 8, 14, 26])))
+    prefix = _prompt(seed * 100 + 50 + i, int(rng.integers(0, 4)))
+    sampling = GREEDY if i % 3 == 0 else SamplingParams(seed=seed * 100 + i)
+    stop = ()
+    if i % 4 == 1:  # stops on its first token
+      stop = (greedy_reference(params, prompt + prefix, 1)[0],)
+      sampling = GREEDY
+    elif i % 4 == 2:
+      stop = tuple(int(t) for t in rng.integers(0, 64, 3))
+    budget = int(rng.integers(1, 6)) if i % 5 == 3 else None
+    reqs.append(SampleRequest(
+        (seed, i), prompt, prefix=prefix,
+        max_new_tokens=len(prefix) + int(rng.integers(1, 12)),
+        sampling=sampling, stop_tokens=stop, budget=budget))
+  return reqs
+
+
+def test_continuous_batching_matches_each_request_alone(params, engine,
+                                                        sampler, monkeypatch):
+  reqs = _mixed_requests(params, 17, seed=3)
+  calls = _recording(engine, monkeypatch)
+  results = sampler.generate(reqs)
+  want = [one_at_a_time(engine, r) for r in reqs]
+  assert_same_results(results, want)
+  reasons = [r.finish_reason for r in results]
+  assert {"stop", "length", "budget"} <= set(reasons)
+  assert sum(len(r.tokens) == 1 and r.finish_reason == "stop"
+             for r in results) >= 2  # finished on the first token
+  # Admission really was batched, in more than one length bucket.
+  assert len(calls) < len(reqs) and max(n for _, n in calls) > 1
+  assert len({t for t, _ in calls}) == 2
+  stats = sampler.last_stats
+  assert stats.requests == len(reqs)
+  assert stats.tokens_generated == sum(len(r.tokens) for r in results)
+  assert stats.prefill_tokens == sum(len(r.prompt) + len(r.prefix)
+                                     for r in reqs)
+  assert 0 < stats.slot_utilisation <= 1
+
+
+def test_compiles_bounded_by_length_and_batch_buckets_used(params,
+                                                           monkeypatch):
+  fresh = Engine(CFG, ENGINE_CFG, params=params)
+  calls = _recording(fresh, monkeypatch)
+  sampler = Sampler(fresh, NO_REPEAT, steps_per_call=2)
+  sampler.generate(_mixed_requests(params, 11, seed=4))
+  sampler.generate([SampleRequest(i, _prompt(120 + i, 3 + 5 * i),
+                                  max_new_tokens=4 + i) for i in range(6)])
+  counts = fresh.compile_count()
+  used_t, used_n = {t for t, _ in calls}, {n for _, n in calls}
+  bound = len(used_t) * len(used_n)
+  assert counts["prefill_batch"] == len(set(calls)) <= bound
+  assert counts["insert_batch"] <= len(set(calls)) <= bound
+  assert counts["free_slots"] == 1 and counts["generate"] == 1
+  assert not {"prefill", "insert", "free_resource"} & set(counts)
+  # The first mix again: the same shapes, nothing new to compile.
+  seen = set(calls)
+  sampler.generate(_mixed_requests(params, 11, seed=4))
+  assert set(calls) == seen and fresh.compile_count() == counts
+
+
+def test_warm_up_admission_compiles_every_shape_ahead(params):
+  fresh = Engine(CFG, ENGINE_CFG, params=params)
+  assert fresh.warm_up_admission(params, lengths=[3, 7]) == 3  # 1 x (1, 2, 4)
+  counts = fresh.compile_count()
+  assert counts["prefill_batch"] == counts["insert_batch"] == 3
+  Sampler(fresh, NO_REPEAT).generate(
+      [SampleRequest(i, _prompt(130 + i, 2 + i), max_new_tokens=3,
+                     sampling=GREEDY) for i in range(7)])
+  assert {k: v for k, v in fresh.compile_count().items()
+          if k != "generate"} == counts
+
+
+def test_batched_admission_on_mesh_matches_each_request_alone(
+    params, engine, mesh_engine):
+  reqs = _mixed_requests(params, 9, seed=5)
+  on_mesh = Sampler(mesh_engine, NO_REPEAT, steps_per_call=2).generate(reqs)
+  assert_same_results(on_mesh, [one_at_a_time(engine, r) for r in reqs])
+  assert mesh_engine.compile_count()["free_slots"] == 1
+

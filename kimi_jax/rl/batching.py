@@ -42,16 +42,20 @@ def bucket_length(n: int, buckets: tuple[int, ...]) -> int:
 
 def row_buckets(max_rows: int, multiple_of: int = 1) -> tuple[int, ...]:
   """Row counts a packed minibatch is padded to: `multiple_of` (the batch
-  shards of the mesh) times powers of two, capped by `max_rows` (P*K, what
-  an unpacked minibatch needs), which must itself be a multiple."""
+  shards of the mesh) times 1, 2, 3, 4, 6, 8, 12, ... (powers of two and
+  their halfway points, so padding stays under a third of a minibatch with
+  twice the compilations of powers of two alone), capped by `max_rows` (P*K,
+  what an unpacked minibatch needs), which must itself be a multiple."""
   if max_rows % multiple_of:
     raise ValueError(f"{max_rows} rows do not divide over {multiple_of} "
                      f"batch shards")
-  out, n = [], multiple_of
-  while n < max_rows:
-    out.append(n)
+  out, n = [], 1
+  while n * multiple_of < max_rows:
+    out.append(n * multiple_of)
+    if n >= 2 and 3 * n // 2 * multiple_of < max_rows:
+      out.append(3 * n // 2 * multiple_of)
     n *= 2
-  return tuple(out) + (max_rows,)
+  return tuple(sorted(out)) + (max_rows,)
 
 
 def pack_rows(lengths: list[int], row_len: int, pack: bool = True

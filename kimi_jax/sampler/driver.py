@@ -26,9 +26,10 @@ import sys
 import time
 from typing import Hashable, Sequence
 
+import jax
 import numpy as np
 
-from kimi_jax.sampler.engine import Engine
+from kimi_jax.sampler.engine import DecodeState, Engine
 from kimi_jax.sampler.repetition import RepeatConfig, repeating, tails
 from kimi_jax.sampler.sampling import SamplingParams
 
@@ -194,6 +195,18 @@ class _Slots:
         finish_reason=FINISH_REASONS[code - 1])
 
 
+def admission_groups(lengths: Sequence[int], bucket_for, max_batch: int
+                     ) -> list[list[int]]:
+  """Positions of `lengths` grouped by prefill length bucket, in order, each
+  group cut to at most `max_batch`: one batched prefill per group, so a short
+  prompt is never padded to a long continuation's bucket."""
+  by_bucket: dict[int, list[int]] = collections.defaultdict(list)
+  for j, n in enumerate(lengths):
+    by_bucket[bucket_for(n)].append(j)
+  return [group[k:k + max_batch] for _, group in sorted(by_bucket.items())
+          for k in range(0, len(group), max_batch)]
+
+
 class Sampler:
   """Runs requests through an engine with continuous batching.
 
@@ -235,26 +248,14 @@ class Sampler:
     last_report = start
 
     while pending or (slots.request >= 0).any():
-      # Admit pending requests into free slots; a request may finish on the
-      # token its prefill sampled, leaving the slot free for the next one.
-      for slot in np.flatnonzero(slots.request < 0):
-        while pending and slots.request[slot] < 0:
-          i = pending.popleft()
-          req = requests[i]
-          prefix = engine.prefill(params, req.prompt + req.prefix,
-                                  req.sampling, len(req.prefix))
-          prefill_tokens += len(req.prompt) + len(req.prefix)
-          token, logprob = (np.asarray(prefix.token), np.asarray(
-              prefix.logprob))
-          slots.admit(slot, i, req)
-          code = slots.append(np.array([slot]), token[None], logprob[None],
-                              self.repeat)[0]
-          kept += 1
-          if code:
-            results[i] = slots.result(slot, req, code)
-            slots.request[slot] = -1
-          else:
-            state = engine.insert(prefix, state, int(slot))
+      # Admit pending requests into the free slots in batches. A request may
+      # finish on the token its prefill sampled, leaving its slot free for
+      # another round before decoding.
+      while pending and (slots.request < 0).any():
+        state, n_tokens, n_admitted = self._admit(requests, pending, slots,
+                                                  state, results)
+        prefill_tokens += n_tokens
+        kept += n_admitted
       if not (slots.request >= 0).any():
         continue
       state, tokens_NxB, logprobs_NxB = engine.generate(
@@ -262,6 +263,7 @@ class Sampler:
       tokens_NxB, logprobs_NxB = np.asarray(tokens_NxB), np.asarray(
           logprobs_NxB)
       calls += 1
+      done_B = np.zeros((n_slots,), bool)
       for n in range(self.steps_per_call):
         live = np.flatnonzero(slots.request >= 0)
         if not len(live):
@@ -274,7 +276,9 @@ class Sampler:
           i = slots.request[slot]
           results[i] = slots.result(slot, requests[i], code)
           slots.request[slot] = -1
-          state = engine.free_resource(state, int(slot))
+          done_B[slot] = True
+      if done_B.any():
+        state = engine.free_slots(state, done_B)
       if progress and time.perf_counter() - last_report > 5:
         last_report = time.perf_counter()
         done = sum(r is not None for r in results)
@@ -294,3 +298,39 @@ class Sampler:
             f"{wall:.2f}s ({self.last_stats.tokens_per_second:.0f} tok/s)",
             file=sys.stderr)
     return results  # type: ignore[return-value]
+
+  def _admit(self, requests: Sequence[SampleRequest],
+             pending: collections.deque, slots: _Slots,
+             state: DecodeState, results: list
+             ) -> tuple[DecodeState, int, int]:
+    """One admission round: as many pending requests as free slots, one
+    `prefill_batch` per length bucket, one host read of all their first
+    tokens, one `insert_batch` per bucket for those still running.
+
+    Returns (state, prefill tokens, requests admitted).
+    """
+    engine = self.engine
+    free = np.flatnonzero(slots.request < 0)
+    taken = [pending.popleft() for _ in range(min(len(free), len(pending)))]
+    seqs = [requests[i].prompt + requests[i].prefix for i in taken]
+    groups = admission_groups([len(q) for q in seqs], engine.bucket_for,
+                              engine.max_prefill_batch)
+    prefixes = [engine.prefill_batch(
+        engine.params, [seqs[j] for j in g],
+        [requests[taken[j]].sampling for j in g],
+        [len(requests[taken[j]].prefix) for j in g]) for g in groups]
+    firsts = jax.device_get([(p.token, p.logprob) for p in prefixes])
+    for g, prefix, (token_N, logprob_N) in zip(groups, prefixes, firsts):
+      slots_g = free[g]
+      for j, slot in zip(g, slots_g):
+        slots.admit(slot, taken[j], requests[taken[j]])
+      codes = slots.append(slots_g, token_N[:len(g)], logprob_N[:len(g)],
+                           self.repeat)
+      for slot, code in zip(slots_g[codes > 0], codes[codes > 0]):
+        i = slots.request[slot]
+        results[i] = slots.result(slot, requests[i], code)
+        slots.request[slot] = -1
+      if (codes == 0).any():
+        state = engine.insert_batch(prefix, state, [
+            None if code else int(slot) for slot, code in zip(slots_g, codes)])
+    return state, sum(len(q) for q in seqs), len(taken)

@@ -16,7 +16,7 @@ distribution and equals the trainer's `token_logprobs`.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -88,6 +88,17 @@ def slot_sampling(params: SamplingParams) -> SlotSampling:
       top_k=np.int32(params.top_k),
       top_p=np.float32(params.top_p),
       greedy=np.bool_(params.is_greedy))
+
+
+def stacked_slot_sampling(params: Sequence[SamplingParams], size: int
+                          ) -> SlotSampling:
+  """Host arrays (size,) for several requests' settings; rows past
+  len(params) are padding, set as an empty slot's (greedy)."""
+  if size < 1 or len(params) > size:
+    raise ValueError(f"{len(params)} sampling settings for size {size}")
+  pad = [SamplingParams(greedy=True)] * (size - len(params))
+  rows = [slot_sampling(p) for p in list(params) + pad]
+  return SlotSampling(*(np.stack(col) for col in zip(*rows)))
 
 
 def empty_slot_sampling(batch: int) -> SlotSampling:
