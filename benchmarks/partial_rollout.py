@@ -13,20 +13,25 @@ Workload: groups of K responses per prompt, random-token prompts, no stop
 token; every response is forced to a target length (its `max_new_tokens`,
 so it ends with "length"): 90% need about the median length L (uniform in
 [0.75 L, 1.25 L]), 10% need 8 L. Targets, prompts and the synthetic 0/1
-rewards are fixed by the seed and the group id, so both modes see the same
+rewards are fixed by the seed and the group id, so every mode sees the same
 sequence of groups. Only throughput is measured, never learning.
 
-  full:    each iteration opens P = slots / K new groups and generates every
-           response to its end (budget None), then trains on all P groups;
-  partial: each iteration tops the buffer up to P groups in flight and
-           continues every unfinished response for at most `budget` tokens,
-           then trains on the groups whose K responses have all finished.
+  full:     each iteration opens P = slots / K new groups and generates
+            every response to its end (budget None), then trains on all P
+            groups;
+  partial:  each iteration tops the buffer up to P groups in flight plus Q
+            queued (rl.queued_prompts, default P / 2) and runs one window
+            of `budget` tokens per slot: every unfinished response continues
+            for at most `budget` tokens, slots that free up mid-window start
+            queued responses (with what is left of the window); then it
+            trains on the groups whose K responses have all finished;
+  partial_no_queue: the same without the queue (Q = 0), for reference.
 
 Metric: response tokens of trained groups / (rollout + training wall time),
 after a compile pass over every shape and one untimed iteration per mode (so
 partial does not start from an empty buffer: over the window, tokens carried
-in roughly balance those left in flight at the end). The two modes alternate
-iteration by iteration, so background load hits both alike.
+in roughly balance those left in flight at the end). The modes alternate
+iteration by iteration, so background load hits them alike.
 """
 
 from __future__ import annotations
@@ -121,7 +126,8 @@ class Bench:
   def __init__(self, work: Workload, *, slots: int, budget: int,
                minibatch_prompts: int, steps_per_call: int,
                learning_rate: float, reference_logprobs: str = "sampler",
-               pack: bool = True):
+               pack: bool = True, queued_prompts: int = 0,
+               queued_min_tokens: int = 1):
     self.work = work
     self.cache_len = work.prompt_len + work.max_len
     self.model = tiny_model(self.cache_len)
@@ -140,7 +146,8 @@ class Bench:
         # Enough carry-overs that no response is force-finished.
         max_wait_iterations=math.ceil(work.max_len / budget),
         train_len_buckets=powers_of_two_buckets(self.cache_len),
-        reference_logprobs=reference_logprobs, pack_sequences=pack)
+        reference_logprobs=reference_logprobs, pack_sequences=pack,
+        queued_prompts=queued_prompts, queued_min_tokens=queued_min_tokens)
     self.row_buckets = batching.row_buckets(minibatch_prompts *
                                             work.group_size)
     self.optimizer = ts.make_optimizer(ts.OptimizerConfig(
@@ -190,6 +197,8 @@ class Mode:
   buffer: replay_buffer.RolloutBuffer
   state: ts.TrainState
   totals: dict[str, float] = dataclasses.field(default_factory=dict)
+  # Sampler.generate keywords: partial rollouts' window when a queue is on.
+  window: dict[str, int] = dataclasses.field(default_factory=dict)
 
   def add(self, stats: dict[str, float]) -> None:
     for k, v in stats.items():
@@ -213,11 +222,12 @@ def rollout_phase(bench: Bench, mode: Mode, it: int
         max_response_len=target, token_budget=mode.budget or target)
     requests.append(req if mode.budget else dataclasses.replace(req,
                                                                 budget=None))
-  results = bench.sampler.generate(requests)
+  results = bench.sampler.generate(requests, **mode.window)
   counts = rollout.record_results(mode.buffer, results, version=it)
   s = bench.sampler.last_stats
   return mode.buffer.complete_groups(), {
-      "requests": s.requests, "decode_steps": s.decode_steps,
+      "requests": s.requests, "unstarted": counts["unstarted"],
+      "decode_steps": s.decode_steps,
       "decode_tokens": s.tokens_generated - s.requests,
       "prefill_tokens": s.prefill_tokens,
       "generated_tokens": s.tokens_generated,
@@ -288,10 +298,9 @@ def compile_pass(bench: Bench, budget: int) -> float:
   work, vocab = bench.work, bench.model.vocab_size
   state = bench.fresh_state(seed=10_000)
   bench.engine.load_params(state.params)
-  # Batched prefill / insert at every (length, batch) bucket pair that
-  # prompt + k * budget tokens can reach, and free_slots.
-  bench.engine.warm_up_admission(bench.engine.params, [
-      work.prompt_len + n for n in range(0, work.max_len - 1, budget)])
+  # Batched prefill / insert at every (length, batch) bucket pair, and
+  # free_slots: a response admitted mid-window stops at any length.
+  bench.engine.warm_up_admission(bench.engine.params)
   # Two new tokens each, so generate compiles too.
   bench.sampler.generate([SampleRequest(
       ("warm", n), tuple(work.prompt(0, vocab)), prefix=(1,) * n,
@@ -324,6 +333,7 @@ def summarise(mode: Mode, slots: int) -> dict[str, float]:
       "wall_s": wall, "rollout_s": t["rollout_s"], "train_s": t["train_s"],
       "decode_steps": int(t["decode_steps"]),
       "requests": int(t["requests"]),
+      "unstarted_requests": int(t["unstarted"]),
       "prefill_tokens": int(t["prefill_tokens"]),
       "generated_tokens": int(t["generated_tokens"]),
       "budget_stops": int(t["budget_stops"]),
@@ -342,6 +352,8 @@ def summarise(mode: Mode, slots: int) -> dict[str, float]:
           t["train_s"], 1e-9),
       "train_fraction": t["train_s"] / max(wall, 1e-9),
       "in_flight_groups_at_end": len(mode.buffer),
+      # Responses cut short by max_wait_iterations (should be 0 here).
+      "budget_exhausted": mode.buffer.stats["budget_exhausted"],
   }
 
 
@@ -353,22 +365,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     raise SystemExit(f"--slots ({args.slots}) must be a multiple of the "
                      f"group size {work.group_size}")
   load_before = os.getloadavg()
+  prompts = args.slots // work.group_size
+  queued = prompts // 2 if args.queued_prompts is None else args.queued_prompts
   bench = Bench(work, slots=args.slots, budget=budget,
                 minibatch_prompts=args.minibatch_prompts,
                 steps_per_call=args.steps_per_call,
                 learning_rate=args.learning_rate,
                 reference_logprobs=args.reference_logprobs,
-                pack=not args.no_pack)
+                pack=not args.no_pack, queued_prompts=queued,
+                queued_min_tokens=args.queued_min_tokens or max(1,
+                                                                budget // 4))
   compile_s = compile_pass(bench, budget)
   compiles_before = bench.compile_count()
   new_buffer = lambda: replay_buffer.RolloutBuffer(
       group_size=work.group_size,
       max_wait_iterations=bench.rl.max_wait_iterations)
-  prompts = bench.rl.prompts_per_iteration
+  in_flight = args.partial_prompts or prompts
   modes = [Mode("full", None, prompts, new_buffer(),
                 bench.fresh_state(args.seed)),
-           Mode("partial", budget, args.partial_prompts or prompts,
-                new_buffer(), bench.fresh_state(args.seed))]
+           Mode("partial", budget, in_flight + queued, new_buffer(),
+                bench.fresh_state(args.seed),
+                window=rollout.window_args(bench.rl))]
+  if queued:  # the same partial rollouts without the queue, for reference
+    modes.append(Mode("partial_no_queue", budget, in_flight, new_buffer(),
+                      bench.fresh_state(args.seed)))
   warmup_s = {}
   for mode in modes:  # untimed: any missed compile, partial's buffer fills
     warmup_s[mode.name] = iteration(bench, mode, 0)["wall_s"]
@@ -379,7 +399,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
       print(f"iteration {it}: " + ", ".join(
           f"{m.name} {m.totals['wall_s']:.1f}s" for m in modes),
             file=sys.stderr)
-  full, partial = (summarise(m, args.slots) for m in modes)
+  rows = {m.name: summarise(m, args.slots) for m in modes}
+  full, partial = rows["full"], rows["partial"]
+  speedup = lambda row: row["trained_tokens_per_s"] / max(
+      full["trained_tokens_per_s"], 1e-9)
   return {
       "partial_vs_full_speedup": partial["trained_tokens_per_s"] /
                                  max(full["trained_tokens_per_s"], 1e-9),
@@ -394,7 +417,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
       "partial_vs_full_train_phase_speedup":
           partial["trained_tokens_per_train_s"] /
           max(full["trained_tokens_per_train_s"], 1e-9),
-      "full": full, "partial": partial,
+      **({"partial_no_queue_vs_full_speedup": speedup(
+          rows["partial_no_queue"])} if queued else {}),
+      **rows,
       "compile_s": compile_s, "warmup_iteration_s": warmup_s,
       "recompiles_during_timed_run": bench.compile_count() - compiles_before,
       "settings": {
@@ -402,7 +427,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           "prompts_per_iteration": bench.rl.prompts_per_iteration,
           "median_len": work.median_len, "long_len": work.max_len,
           "long_frac": work.long_frac, "prompt_len": work.prompt_len,
-          "partial_prompts": modes[1].prompts,
+          "partial_prompts": in_flight,
+          "queued_prompts": bench.rl.queued_prompts,
+          "queued_min_tokens": bench.rl.queued_min_tokens,
           "budget": budget, "cache_len": bench.cache_len,
           "reference_logprobs": bench.rl.reference_logprobs,
           "pack_sequences": bench.rl.pack_sequences,
@@ -422,7 +449,9 @@ def print_table(r: dict[str, Any]) -> None:
   s = r["settings"]
   print(f"\npartial vs full rollouts ({r['device']}; {s['slots']} slots, "
         f"K={s['group_size']}, P={s['prompts_per_iteration']} (partial "
-        f"{s['partial_prompts']} in flight), lengths "
+        f"{s['partial_prompts']} in flight + {s['queued_prompts']} queued, "
+        f"starting while >= {s['queued_min_tokens']} window tokens remain), "
+        f"lengths "
         f"{1 - s['long_frac']:.0%} ~{s['median_len']} / {s['long_frac']:.0%} "
         f"{s['long_len']}, budget {s['budget']}, {s['iterations']} timed "
         f"iterations each)")
@@ -431,7 +460,9 @@ def print_table(r: dict[str, Any]) -> None:
           "slot_utilisation", "trained_tokens_per_s")
   print("| mode | " + " | ".join(cols) + " |")
   print("|---" * (len(cols) + 1) + "|")
-  for name in ("full", "partial"):
+  for name in ("full", "partial", "partial_no_queue"):
+    if name not in r:
+      continue
     row = r[name]
     cells = [f"{row[c]:.2f}" if isinstance(row[c], float) else str(row[c])
              for c in cols]
@@ -441,6 +472,9 @@ def print_table(r: dict[str, Any]) -> None:
         f"{r['partial_vs_full_rollout_phase_speedup']:.2f}x, train phase "
         f"alone {r['partial_vs_full_train_phase_speedup']:.2f}x, counting "
         f"loss-masked tokens {r['partial_vs_full_loss_token_speedup']:.2f}x)"
+        + (f"; without the queue "
+           f"{r['partial_no_queue_vs_full_speedup']:.2f}x"
+           if "partial_no_queue_vs_full_speedup" in r else "") +
         f"\ncompile {r['compile_s']:.1f}s, recompiles while timed: "
         f"{r['recompiles_during_timed_run']}; load average "
         f"{r['loadavg_before'][0]:.2f} -> {r['loadavg_after'][0]:.2f}")
@@ -468,6 +502,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="groups partial rollouts keep in flight (default: "
                       "slots / K, as full rollouts; more lets new short "
                       "responses fill slots that waiting groups leave idle)")
+  parser.add_argument("--queued-prompts", type=int, default=None,
+                      help="partial rollouts: extra groups queued beyond the "
+                      "slots (rl.queued_prompts); the rollout phase is one "
+                      "window of `budget` tokens per slot and a queued "
+                      "response started after s decode steps gets budget - s. "
+                      "Partial rollouts also run without it, as a third row "
+                      "(default: slots / K / 2; 0: no queue, two rows)")
+  parser.add_argument("--queued-min-tokens", type=int, default=0,
+                      help="rl.queued_min_tokens: queued responses start only "
+                      "while this many window tokens remain (default: "
+                      "budget / 4)")
   parser.add_argument("--group-size", type=int, default=4,
                       help="K responses per prompt (default: %(default)s)")
   parser.add_argument("--minibatch-prompts", type=int, default=4,

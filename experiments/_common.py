@@ -134,6 +134,11 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
       # iteration and continues from the replay buffer in the next one.
       token_budget=seq_len // 4,
       max_wait_iterations=4,
+      # A queue of extra groups that take slots freed mid-window
+      # (docs/loop.md); needs prompts_per_iteration x
+      # samples_per_prompt <= sampler.max_slots. 0: off.
+      queued_prompts=0,
+      queued_min_tokens=1,
       train_on_old_segments=False,
       reference_logprobs="recompute",
       length_reward_weight=0.1,  # ours (the report gives no weight)

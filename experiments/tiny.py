@@ -114,6 +114,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # Partial rollouts: tokens a trajectory may generate per iteration.
       token_budget=12,
       max_wait_iterations=4,
+      # A queue of extra groups that take slots freed mid-window
+      # (docs/loop.md); needs prompts_per_iteration x
+      # samples_per_prompt <= sampler.max_slots. 0: off.
+      queued_prompts=0,
+      queued_min_tokens=1,
       # Long chains span three iterations and the first token decides
       # between reasoning and a direct answer: train on every segment
       # (see docs/loop.md).

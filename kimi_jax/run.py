@@ -81,6 +81,13 @@ def parse_config(config: ml_collections.ConfigDict) -> RunConfig:
     raise ConfigError(f"config.rl.max_response_len ({rl.max_response_len}) "
                       f"leaves no room for the prompt in "
                       f"config.sampler.cache_len ({engine.cache_len})")
+  wave = rl.prompts_per_iteration * rl.samples_per_prompt
+  if rl.queued_prompts and wave > engine.max_slots:
+    raise ConfigError(
+        f"config.rl.queued_prompts: a queue needs one wave of "
+        f"rl.prompts_per_iteration x rl.samples_per_prompt ({wave}) to fit "
+        f"config.sampler.max_slots ({engine.max_slots}); the rollout window "
+        f"would leave the rest unstarted")
   if rl.train_len_buckets and rl.train_len_buckets[-1] > model.max_seq_len:
     raise ConfigError("config.rl.train_len_buckets: largest bucket exceeds "
                       "config.model.max_seq_len")

@@ -167,3 +167,19 @@ def test_groups_to_open_counts_unfinished_responses():
   assert groups_to_open(buf, 3) == 3
   buf.new_group(1)
   assert groups_to_open(buf, 3) == 2  # 5 unfinished: ceil(7 / 4)
+
+
+def test_record_results_leaves_unstarted_requests_untouched():
+  from kimi_jax.rl.rollout import record_results
+  from kimi_jax.sampler.driver import SampleResult
+  buf = RolloutBuffer(group_size=2, max_wait_iterations=1)
+  g = buf.new_group(7)
+  counts = record_results(buf, [
+      SampleResult((g, 0), (4, 5), (-0.5, -0.25), "budget"), None], version=3)
+  assert counts["budget"] == 1 and counts["unstarted"] == 1
+  started, unstarted = buf.pending()
+  assert (started.tokens, started.waited) == ((4, 5), 1)
+  assert started.segments == (Segment(0, 2, 3),)
+  # Not started: no segment, no wait used; it is simply asked for again.
+  assert (unstarted.tokens, unstarted.segments, unstarted.waited) == (
+      (), (), 0)

@@ -41,6 +41,46 @@ def test_bad_config_is_rejected_naming_the_key(key, value, needle):
     run_lib.parse_config(micro(**{key: value}))
 
 
+@pytest.mark.parametrize("overrides,needle", [
+    ({"rl.queued_prompts": -1}, "config.rl.queued_prompts"),
+    ({"rl.queued_min_tokens": 13}, "config.rl.queued_min_tokens"),
+    # micro: 8 prompts x 4 samples = 32 slots; with 16 a window would leave
+    # half the wave unstarted every iteration.
+    ({"rl.queued_prompts": 2, "sampler.max_slots": 16},
+     "config.rl.queued_prompts"),
+])
+def test_bad_queue_config_is_rejected_naming_the_key(overrides, needle):
+  with pytest.raises((ConfigError, ValueError), match=needle.replace(".", r"\.")):
+    run_lib.parse_config(micro(**overrides))
+
+
+def test_micro_run_with_a_queue_keeps_every_group(tmp_path):
+  """Queued groups take slots that free up mid-window; those never started
+  wait unstarted. Every opened group is trained once or still in flight,
+  and no response got more than the window per iteration."""
+  cfg = micro(**{"rl.queued_prompts": 12, "rl.queued_min_tokens": 6,
+                 "rl.iterations": 4, "checkpoint.every_iterations": 4})
+  run_lib.train_and_evaluate(cfg, str(tmp_path))
+  rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  rl_rows = [r for r in rows if r["stage"] == "rl"]
+  assert sum(r["queued_unstarted"] for r in rl_rows) > 0
+  # More responses started than one wave of prompts x K fills: the queue
+  # took slots that freed up mid-window.
+  wave = cfg.rl.prompts_per_iteration * cfg.rl.samples_per_prompt
+  assert max(r["requests"] for r in rl_rows) > wave
+  host = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints")).restore_host()
+  trained = host["ledger"]["trained_groups"]
+  assert len(trained) == len(set(trained))
+  trajs = [t for g in host["buffer"]["groups"] for t in g]
+  in_flight = {t["group_id"] for t in trajs}
+  assert set(trained) | in_flight == set(range(host["buffer"]["next_group_id"]))
+  assert any(not t["segments"] for t in trajs)  # queued, not yet started
+  for t in trajs:
+    assert t["waited"] <= cfg.rl.max_wait_iterations
+    for start, end, _ in t["segments"]:
+      assert 1 <= end - start <= cfg.rl.token_budget
+
+
 def test_unknown_and_mistyped_overrides_are_rejected():
   with pytest.raises(ConfigError, match="rl.iteratoins"):
     micro(**{"rl.iteratoins": 3})

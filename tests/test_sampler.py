@@ -204,6 +204,36 @@ def test_stop_tokens_and_first_token_finishes(params, sampler):
   assert (res[3].tokens, res[3].finish_reason) == ((ref[0],), "budget")
 
 
+def test_window_admits_queued_requests_into_freed_slots(params, engine):
+  """4 slots, 8 requests, a window of 8 tokens, min_admit 3, one decode step
+  per call. Hand-worked schedule (steps = decode steps done):
+    step 0: r0..r3 start; r0 (max 3) ends "length" after step 2;
+    step 2: 6 left >= 3, r4 (max 4) starts, ends "length" after step 5;
+    step 5: 3 left, r5 starts with a cap of 3, ends "budget" after step 7;
+    r1..r3 end "budget" at 8 tokens after step 7; 1 left < 3: r6, r7 never
+    start (None)."""
+  windowed = Sampler(engine, NO_REPEAT, steps_per_call=1)
+  max_new = [3, 10, 10, 10, 4, 10, 10, 10]
+  reqs = [SampleRequest(i, _prompt(300 + i, 4 + i), max_new_tokens=m,
+                        sampling=GREEDY) for i, m in enumerate(max_new)]
+  res = windowed.generate(reqs, window=8, min_admit=3)
+  want = [(3, "length"), (8, "budget"), (8, "budget"), (8, "budget"),
+          (4, "length"), (3, "budget"), None, None]
+  got = [None if r is None else (len(r.tokens), r.finish_reason) for r in res]
+  assert got == want
+  for req, r in zip(reqs, res):
+    if r is not None:  # a slot taken mid-window decodes like a fresh one
+      assert r.tokens == tuple(greedy_reference(params, req.prompt,
+                                                len(r.tokens)))
+  st = windowed.last_stats
+  assert (st.requests, st.decode_steps) == (6, 7)
+  assert st.tokens_generated == 3 + 3 * 8 + 4 + 3
+  # Without a window the same requests all run to their end.
+  assert all(r.finish_reason == "length" for r in windowed.generate(reqs))
+  with pytest.raises(ValueError, match="min_admit"):
+    windowed.generate(reqs, window=8, min_admit=0)
+
+
 def _first_repeat(response, ngram, times):
   """Brute force: shortest prefix of `response` ending in a block of p <=
   ngram tokens repeated `times` times."""

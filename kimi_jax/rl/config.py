@@ -26,6 +26,16 @@ class RLConfig:
   max_response_len: int = 1024
   token_budget: int = 1024
   max_wait_iterations: int = 4
+  # A queue for partial rollouts (report 2.6.2: while some slots work on long
+  # trajectories, others take new, shorter tasks). With queued_prompts > 0
+  # the loop opens that many groups beyond prompts_per_iteration and the
+  # rollout phase is one window of token_budget tokens per slot: a slot that
+  # frees up mid-window starts a queued response, which gets what is left of
+  # the window, as long as at least queued_min_tokens are left. Responses
+  # not started wait, unstarted, for the next iteration. 0: no queue, every
+  # request runs its whole budget.
+  queued_prompts: int = 0
+  queued_min_tokens: int = 1
   train_on_old_segments: bool = False
   # log pi_theta_i(y|x) for the penalty: "recompute" runs a forward pass
   # before the updates; "sampler" sums the sampler's log-probs of the same
@@ -74,6 +84,11 @@ class RLConfig:
           "so their sampler log-probs are not log pi_theta_i")
     if self.max_wait_iterations < 0:
       bad("max_wait_iterations", "must be >= 0")
+    if self.queued_prompts < 0:
+      bad("queued_prompts", f"must be >= 0, got {self.queued_prompts}")
+    if not 1 <= self.queued_min_tokens <= self.token_budget:
+      bad("queued_min_tokens", f"must be in [1, rl.token_budget="
+          f"{self.token_budget}], got {self.queued_min_tokens}")
     if self.length_reward_warmup < 0 or self.length_reward_weight < 0:
       bad("length_reward_weight", "weight and warmup must be >= 0")
     if list(self.train_len_buckets) != sorted(set(self.train_len_buckets)):

@@ -4,8 +4,10 @@ One iteration:
   1. hand the trainer's params to the sampler (same arrays when shardings
      agree);
   2. top up the replay buffer with new prompts (K responses each) until
-     about `prompts_per_iteration` x K responses are unfinished, then
-     continue every one for at most `token_budget` tokens (partial rollouts);
+     about (`prompts_per_iteration` + `queued_prompts`) x K responses are
+     unfinished, then continue every one for at most `token_budget` tokens
+     (partial rollouts; with a queue, within one window of that many tokens,
+     queued responses taking the slots that free up);
   3. score every group whose K responses have all finished: task reward,
      length reward (weight 0 during warm-up), repeat penalty;
   4. reset the optimizer, compute the reference log-probs under the current
@@ -153,7 +155,8 @@ class RLLoop:
   def rollout_phase(self, it: int, params) -> tuple[list, dict]:
     s, rl = self.s, self.rl
     handoff = s.engine.load_params(params)
-    n_new = rollout.groups_to_open(self.buffer, rl.prompts_per_iteration)
+    n_new = rollout.groups_to_open(
+        self.buffer, rl.prompts_per_iteration + rl.queued_prompts)
     rng = np.random.default_rng([s.cfg.seed, it])
     for index in self.prompts.sample(it, n_new, rng):
       self.buffer.new_group(index)
@@ -164,18 +167,20 @@ class RLLoop:
         stop_tokens=(s.tokenizer.eos_id,),
         max_response_len=rl.max_response_len, token_budget=rl.token_budget)
     t0 = time.perf_counter()
-    results = s.sampler.generate(requests)
+    results = s.sampler.generate(requests, **rollout.window_args(rl))
     rollout_s = time.perf_counter() - t0
     counts = rollout.record_results(self.buffer, results, version=it)
-    generated = sum(len(r.tokens) for r in results)
+    started = [r for r in results if r is not None]
+    generated = sum(len(r.tokens) for r in started)
     stats = {
         "handoff_s": handoff.seconds, "handoff_shared": float(
             handoff.kind == "shared"),
         "rollout_s": rollout_s,
         "rollout_tokens_per_s": generated / max(rollout_s, 1e-9),
         "generated_tokens": generated, "new_prompts": n_new,
-        "requests": len(requests),
-        "frac_budget_stopped": counts["budget"] / max(len(results), 1),
+        "requests": len(started), "queued_unstarted": counts["unstarted"],
+        "frac_budget_stopped": counts["budget"] / max(len(started), 1),
+        "slot_utilisation": s.sampler.last_stats.slot_utilisation,
         "repeat_stops": counts["repeat"],
     }
     return self.buffer.complete_groups(), stats

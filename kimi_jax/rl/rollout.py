@@ -17,6 +17,7 @@ import numpy as np
 
 from kimi_jax.rewards.base import RewardResult, score_all
 from kimi_jax.rl import replay_buffer
+from kimi_jax.rl.config import RLConfig
 from kimi_jax.sampler.driver import Sampler, SampleRequest, SampleResult
 from kimi_jax.sampler.sampling import SamplingParams
 
@@ -39,7 +40,8 @@ def groups_to_open(buffer: replay_buffer.RolloutBuffer,
   """New groups needed so about `target_groups` x K responses are unfinished.
 
   Counting responses, not groups: a carried-over group may be waiting on a
-  single long response, and the sampler's slots should stay full.
+  single long response, and the sampler's slots should stay full. With a
+  queue, target_groups = rl.prompts_per_iteration + rl.queued_prompts.
   """
   k = buffer.group_size
   unfinished = len(buffer.pending())
@@ -67,12 +69,29 @@ def continue_requests(pending: Sequence[replay_buffer.Trajectory],
   return out
 
 
+def window_args(rl: RLConfig) -> dict[str, int]:
+  """`Sampler.generate` keywords of the rollout phase: one window of
+  `rl.token_budget` tokens per slot when prompts are queued beyond the slots
+  (rl.queued_prompts > 0), else none (every request runs its whole budget)."""
+  if not rl.queued_prompts:
+    return {}
+  return {"window": rl.token_budget, "min_admit": rl.queued_min_tokens}
+
+
 def record_results(buffer: replay_buffer.RolloutBuffer,
-                   results: Sequence[SampleResult], *, version: int
+                   results: Sequence[SampleResult | None], *, version: int
                    ) -> dict[str, int]:
-  """Appends each result as a segment; budget stops stay in flight."""
-  counts = {"stop": 0, "length": 0, "repeat": 0, "budget": 0}
+  """Appends each result as a segment; budget stops stay in flight.
+
+  None (a request the sampler's window closed on before admitting it)
+  leaves its trajectory untouched: it is requested again next iteration and
+  does not count as waiting.
+  """
+  counts = {"stop": 0, "length": 0, "repeat": 0, "budget": 0, "unstarted": 0}
   for res in results:
+    if res is None:
+      counts["unstarted"] += 1
+      continue
     group_id, sample_index = res.id
     counts[res.finish_reason] += 1
     buffer.add_segment(

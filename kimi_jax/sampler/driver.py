@@ -129,7 +129,8 @@ def request_problems(req: SampleRequest, engine: Engine
 
 @dataclasses.dataclass(frozen=True)
 class SamplerStats:
-  """Of one `generate` call. slot_utilisation = kept decode tokens / (decode
+  """Of one `generate` call. requests: those admitted (all of them unless a
+  window closed first). slot_utilisation = kept decode tokens / (decode
   steps x slots)."""
 
   requests: int
@@ -158,7 +159,8 @@ class _Slots:
     self.max_new = np.zeros((n_slots,), np.int64)
     self.budget = np.zeros((n_slots,), np.int64)
 
-  def admit(self, slot: int, index: int, req: SampleRequest) -> None:
+  def admit(self, slot: int, index: int, req: SampleRequest,
+            budget_cap: int | None = None) -> None:
     self.request[slot] = index
     self.n_prefix[slot] = len(req.prefix)
     self.n_new[slot] = 0
@@ -166,8 +168,9 @@ class _Slots:
     self.stop[slot] = -1
     self.stop[slot, :len(req.stop_tokens)] = req.stop_tokens
     self.max_new[slot] = req.max_new_tokens
-    self.budget[slot] = (req.max_new_tokens if req.budget is None else
-                         req.budget)
+    self.budget[slot] = min(
+        req.max_new_tokens if req.budget is None else req.budget,
+        budget_cap or req.max_new_tokens)
 
   def append(self, slots: np.ndarray, tokens: np.ndarray,
              logprobs: np.ndarray, repeat: RepeatConfig) -> np.ndarray:
@@ -230,10 +233,24 @@ class Sampler:
     if problems:
       raise SampleRequestError(problems)
 
-  def generate(self, requests: Sequence[SampleRequest], progress: bool = False
-               ) -> list[SampleResult]:
-    """Results in the order of `requests`; stats in `last_stats`."""
+  def generate(self, requests: Sequence[SampleRequest], progress: bool = False,
+               window: int | None = None, min_admit: int = 1
+               ) -> list[SampleResult | None]:
+    """Results in the order of `requests`; stats in `last_stats`.
+
+    window: a rollout window of at most this many tokens per slot (the
+    prefill token included). A request admitted after s decode steps gets a
+    budget of at most window - s, so requests queued beyond the slots take
+    slots that free up mid-window and stop ("budget") when it closes. While
+    fewer than `min_admit` tokens of the window remain no request is started
+    (a sliver of a segment would cost a prefill and a carry-over); requests
+    never started get None. Without a window every request runs to its end.
+    """
     self.validate(requests)
+    if window is not None and window < 1:
+      raise ValueError(f"window must be None or >= 1, got {window}")
+    if min_admit < 1:
+      raise ValueError(f"min_admit must be >= 1, got {min_admit}")
     engine, params = self.engine, self.engine.params
     if params is None:
       raise ValueError("engine has no params: call engine.load_params first")
@@ -247,17 +264,19 @@ class Sampler:
     steps = calls = kept = prefill_tokens = 0
     last_report = start
 
-    while pending or (slots.request >= 0).any():
+    while True:
+      left = None if window is None else window - steps
       # Admit pending requests into the free slots in batches. A request may
       # finish on the token its prefill sampled, leaving its slot free for
       # another round before decoding.
-      while pending and (slots.request < 0).any():
-        state, n_tokens, n_admitted = self._admit(requests, pending, slots,
-                                                  state, results)
-        prefill_tokens += n_tokens
-        kept += n_admitted
+      if left is None or left >= min_admit:
+        while pending and (slots.request < 0).any():
+          state, n_tokens, n_admitted = self._admit(requests, pending, slots,
+                                                    state, results, left)
+          prefill_tokens += n_tokens
+          kept += n_admitted
       if not (slots.request >= 0).any():
-        continue
+        break  # all done, or the window has no room left for new requests
       state, tokens_NxB, logprobs_NxB = engine.generate(
           params, state, self.steps_per_call)
       tokens_NxB, logprobs_NxB = np.asarray(tokens_NxB), np.asarray(
@@ -286,9 +305,10 @@ class Sampler:
               f"{kept / (last_report - start):.0f} tok/s", file=sys.stderr)
 
     wall = time.perf_counter() - start
-    decode_kept = kept - sum(1 for _ in requests)
+    admitted = len(requests) - len(pending)  # all, unless a window closed
+    decode_kept = kept - admitted
     self.last_stats = SamplerStats(
-        requests=len(requests), tokens_generated=kept,
+        requests=admitted, tokens_generated=kept,
         prefill_tokens=prefill_tokens, decode_steps=steps,
         generate_calls=calls,
         slot_utilisation=decode_kept / max(steps * n_slots, 1),
@@ -301,7 +321,7 @@ class Sampler:
 
   def _admit(self, requests: Sequence[SampleRequest],
              pending: collections.deque, slots: _Slots,
-             state: DecodeState, results: list
+             state: DecodeState, results: list, budget_cap: int | None
              ) -> tuple[DecodeState, int, int]:
     """One admission round: as many pending requests as free slots, one
     `prefill_batch` per length bucket, one host read of all their first
@@ -323,7 +343,7 @@ class Sampler:
     for g, prefix, (token_N, logprob_N) in zip(groups, prefixes, firsts):
       slots_g = free[g]
       for j, slot in zip(g, slots_g):
-        slots.admit(slot, taken[j], requests[taken[j]])
+        slots.admit(slot, taken[j], requests[taken[j]], budget_cap)
       codes = slots.append(slots_g, token_N[:len(g)], logprob_N[:len(g)],
                            self.repeat)
       for slot, code in zip(slots_g[codes > 0], codes[codes > 0]):
