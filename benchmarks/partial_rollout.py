@@ -404,8 +404,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
   speedup = lambda row: row["trained_tokens_per_s"] / max(
       full["trained_tokens_per_s"], 1e-9)
   return {
-      "partial_vs_full_speedup": partial["trained_tokens_per_s"] /
-                                 max(full["trained_tokens_per_s"], 1e-9),
+      "partial_vs_full_speedup": speedup(partial),
       "partial_trained_tokens_per_s": partial["trained_tokens_per_s"],
       "full_trained_tokens_per_s": full["trained_tokens_per_s"],
       "partial_vs_full_loss_token_speedup": partial["loss_tokens_per_s"] /
