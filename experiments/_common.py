@@ -1,30 +1,24 @@
 """Shared layout of the Qwen2.5 long-CoT RL experiments.
 
 Not an experiment itself (the leading underscore keeps it out of the
-experiment list). experiments/ is not a package, so the configs load this file
-with `runpy.run_path`.
+experiment list).
 
 Choices not fixed by the Kimi k1.5 report are marked "ours" below. From the
-report: mirror-descent loss with the mean-reward baseline, optimizer reset
-every iteration, partial rollouts with a per-iteration token budget, repeat
-detection with a penalty, the length reward switched on after a warm-up,
-prioritized sampling by 1 - success rate, RoPE theta 1e6, and the long-CoT
-SFT learning rate of 2e-5.
+report: mirror-descent loss with the mean-reward baseline and the optimizer
+reset every iteration (2.3.2), partial rollouts with a per-iteration token
+budget and repeat detection with a penalty (2.6.2), the length reward
+switched on after a warm-up (2.3.3), prioritized sampling by 1 - success
+rate (2.3.4), and packed SFT with two learning-rate stages, 2e-5 decayed to
+2e-6 then re-warmed to 1e-5 and decayed to 1e-6 (2.5.2; the report gives
+these for its vanilla SFT, and no learning rate for the long-CoT warm-up of
+2.2). The report gives no RL learning rate.
 """
 
 from __future__ import annotations
 
-import os
-import runpy
-
 import ml_collections
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _tiny() -> dict:
-  """experiments/tiny.py's namespace (experiments/ is not a package)."""
-  return runpy.run_path(os.path.join(_HERE, "tiny.py"))
+from experiments import tiny
 
 
 def qwen2_5_model(*, vocab_size: int, d_model: int, n_layers: int,
@@ -48,6 +42,11 @@ def qwen2_5_model(*, vocab_size: int, d_model: int, n_layers: int,
       param_dtype="bfloat16",
       compute_dtype="bfloat16",
       remat=True,
+      # Splash attention on TPU (blockwise elsewhere) and log-probs 1024
+      # positions at a time: neither T x T nor T x V is ever held.
+      attention="auto",
+      attention_block=512,
+      logprob_chunk=1024,
   ))
 
 
@@ -78,27 +77,60 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
   # A local Hugging Face directory (e.g. Qwen2.5-7B-Instruct); set per run.
   c.init_from_hf = ""
   c.mesh = ml_collections.ConfigDict(mesh)
-  c.sharding = _tiny()["sharding_config"]()
+  c.sharding = tiny.sharding_config()
 
   c.task = ml_collections.ConfigDict(dict(
       name="jsonl",
+      # JSONL prompt sets (kimi_jax/data/records.py); set per run.
       train_path="",
       eval_path="",
       reward="math",
       prompt_field="prompt",
       answer_field="answer",
+      difficulty_field="difficulty",  # optional; curricula need it
+      tags_field="tags",  # optional
+      tests_field="tests",  # code tasks: stdin/stdout tests
+      on_bad_row="error",  # or "skip": drop bad rows and count them
+      # Instruct checkpoints are prompted through their chat template (as
+      # they were tuned); set False for a base model. The SFT data uses the
+      # same template and system prompt, so SFT primes RL's prompt format.
+      chat_template=True,
+      system_prompt="",  # "" keeps the template's default
   ))
 
-  # Long-CoT warm start (report 2.2 / 2.5.2): packed sequences at the full
-  # length, learning rate 2e-5 as the report's first SFT stage.
+  # Warm start (report 2.2: a lightweight long-CoT SFT) on sft.train_path.
+  # Packed sequences at the full length (2.5.2). Learning rates from 2.5.2's
+  # two stages: 2e-5 decayed to 2e-6, then re-warmed to 1e-5 and decayed to
+  # 1e-6 (the report's second stage runs at 128k tokens; ours stays at
+  # seq_len). Step counts, warm-ups and the cosine shape are ours (the
+  # report says "decays", not how).
   c.sft = ml_collections.ConfigDict(dict(
-      steps=1000,
-      batch_size=64,
+      steps=1000,  # ours
+      batch_size=64,  # ours
       seq_len=seq_len,
-      learning_rate=2e-5,
-      warmup_steps=50,
-      weight_decay=0.0,
-      grad_clip=1.0,
+      learning_rate=2e-5,  # 2.5.2, first stage
+      warmup_steps=50,  # ours
+      weight_decay=0.0,  # ours
+      grad_clip=1.0,  # ours
+      decay="cosine",  # ours
+      final_learning_rate=2e-6,  # 2.5.2, end of the first stage
+      stage2_steps=250,  # ours (the report: one epoch per stage)
+      stage2_warmup_steps=25,  # ours
+      stage2_learning_rate=1e-5,  # 2.5.2, second stage
+      stage2_final_learning_rate=1e-6,  # 2.5.2, end of the second stage
+      # JSONL of prompt + response or chat messages rows; set per run.
+      train_path="",
+      # The long-CoT stage: the warm-up rows of launch/warmup_data.py
+      # (report 2.2) for the last stage2_steps steps, at 2.5.2's second-stage
+      # learning rates (the pairing of 2.2's data with 2.5.2's second stage
+      # is ours; the report gives no learning rate for 2.2). "" keeps
+      # train_path for both stages.
+      stage2_train_path="",
+      on_bad_row="error",
+      prompt_field="prompt",
+      response_field="response",
+      messages_field="messages",
+      truncate=False,  # 2.5.2's first stage drops over-length examples
   ))
 
   c.sampler = ml_collections.ConfigDict(dict(
@@ -115,6 +147,8 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
       # of up to 64 tokens repeated 8 times in a row counts as a loop.
       repeat_ngram=64,
       repeat_times=8,
+      # Decode steps per host round trip; the device stops finished slots.
+      steps_per_call=16,
   ))
 
   c.rl = ml_collections.ConfigDict(dict(
@@ -124,11 +158,13 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
       loss="mirror_descent",
       tau=1.0,  # ours (not given)
       baseline="mean",  # the report: the empirical mean works well
+      # ours, per model size: the report gives no RL learning rate; what it
+      # fixes is the optimizer reset at each iteration (2.3.2, below).
       learning_rate=learning_rate,
       grad_clip=1.0,
       minibatch_prompts=minibatch_prompts,
       epochs=1,
-      reset_optimizer=True,  # the report resets it every iteration
+      reset_optimizer=True,  # 2.3.2: reset at the start of every iteration
       max_response_len=seq_len - max_prompt,
       # Partial rollouts: a trajectory writes at most this many tokens per
       # iteration and continues from the replay buffer in the next one.
@@ -139,7 +175,12 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
       # samples_per_prompt <= sampler.max_slots. 0: off.
       queued_prompts=0,
       queued_min_tokens=1,
-      train_on_old_segments=False,
+      # Train on every segment of a partial rollout, not only the newest:
+      # in the tiny study (docs/loop.md, "Which tokens are trained on") the
+      # first segment holds the choice between reasoning and a direct
+      # answer, and with old segments masked out RL never reinforced it
+      # (held-out pass@1 stalled at 0.65). 2.6.2 allows excluding them.
+      train_on_old_segments=True,
       reference_logprobs="recompute",
       length_reward_weight=0.1,  # ours (the report gives no weight)
       length_reward_warmup=100,  # ours: off at first, then constant
@@ -152,7 +193,10 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
 
   # Report 2.3.4: prioritized sampling by 1 - success rate, as tiny.py. A
   # curriculum ("warmup_then_hard" / "stages") needs a `difficulty` field.
-  c.prompt_sampling = _tiny()["prompt_sampling_config"]()
+  c.prompt_sampling = tiny.prompt_sampling_config()
+  # task.reward = rm_cot / verifier_or_rm_cot etc. scores RL with a trained
+  # reward model (docs/rewards.md).
+  c.reward_model = tiny.reward_model_config()
 
   c.checkpoint = ml_collections.ConfigDict(dict(every_iterations=5,
                                                 max_to_keep=3))
@@ -169,7 +213,7 @@ def tiny_variant(model: ml_collections.ConfigDict
   the synthetic pointer-chasing task from tiny.py, so it runs on a laptop
   CPU with no downloads.
   """
-  c = _tiny()["get_config"]()
+  c = tiny.get_config()
   group = model.n_heads // model.n_kv_heads
   c.model.update(dict(
       n_heads=c.model.n_kv_heads * group,
@@ -182,11 +226,58 @@ def tiny_variant(model: ml_collections.ConfigDict
   return c
 
 
+def cpu_smoke_variant(full: ml_collections.ConfigDict
+                      ) -> ml_collections.ConfigDict:
+  """The whole real path at toy lengths, for a laptop CPU: a small Hugging
+  Face checkpoint (`init_from_hf`, required), JSONL prompt and SFT sets, 2
+  packed SFT steps, 2 RL iterations, the export to WORKDIR/hf_export.
+
+  The model's architecture comes from the checkpoint (any small Qwen2 /
+  Llama directory); this variant sets only the run settings (float32, no
+  remat, 512-token sequences). Everything else is the full recipe's
+  (mirror descent, partial rollouts, length reward, prioritized sampling,
+  chat template) at toy sizes; learning rates are large enough to move a
+  tiny model in two steps (ours; no meaning for a real run).
+  """
+  c = ml_collections.ConfigDict(full.to_dict())
+  seq_len = 512
+  c.model.update(dict(max_seq_len=seq_len, param_dtype="float32",
+                      compute_dtype="float32", remat=False))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, context=1,
+                                           tensor=1))
+  c.sft.update(dict(
+      steps=2, batch_size=4, seq_len=256, learning_rate=1e-3,
+      warmup_steps=0, decay="constant", final_learning_rate=0.0,
+      stage2_steps=0, stage2_warmup_steps=0, stage2_learning_rate=0.0,
+      stage2_final_learning_rate=0.0,
+      # A small checkpoint's answers may be long: cut rather than fail.
+      truncate=True))
+  c.sampler.update(dict(
+      max_slots=16, cache_len=seq_len,
+      prefill_buckets=(64, 128, 256, seq_len),
+      prefill_batch_buckets=(4, 16), repeat_ngram=4, repeat_times=4,
+      steps_per_call=8))
+  c.rl.update(dict(
+      iterations=2, prompts_per_iteration=4, samples_per_prompt=4,
+      learning_rate=1e-4, minibatch_prompts=2, max_response_len=32,
+      token_budget=16, length_reward_warmup=0, eval_every=0,
+      eval_samples=2, train_len_buckets=(64, 128, 256, seq_len)))
+  c.checkpoint.update(dict(every_iterations=1, max_to_keep=2))
+  c.log.update(dict(progress=False, plots=False))
+  return c
+
+
+VARIANTS = ("tiny", "cpu_smoke")
+
+
 def select(arg: str | None, full: ml_collections.ConfigDict
            ) -> ml_collections.ConfigDict:
-  """`get_config(arg)`: the full config, or its tiny variant for "tiny"."""
+  """`get_config(arg)`: the full config, or one of its VARIANTS."""
   if arg in (None, ""):
     return full
   if arg == "tiny":
     return tiny_variant(full.model)
-  raise ValueError(f"unknown config variant {arg!r} (known: 'tiny')")
+  if arg == "cpu_smoke":
+    return cpu_smoke_variant(full)
+  raise ValueError(f"unknown config variant {arg!r} (known: "
+                   f"{', '.join(VARIANTS)})")

@@ -29,13 +29,19 @@ def model_config() -> ml_collections.ConfigDict:
       param_dtype="float32",
       compute_dtype="float32",
       remat=False,
+      # kimi_jax/model/attention.py: dot | blockwise | splash | auto (splash
+      # on TPU, blockwise elsewhere).
+      attention="auto",
+      attention_block=512,
+      logprob_chunk=1024,
   ))
 
 
 def sharding_config() -> ml_collections.ConfigDict:
   """Logical axis -> mesh axes (kimi_jax.sharding.DEFAULT_RULES)."""
   return ml_collections.ConfigDict(dict(rules=(
-      ("batch", ("data", "fsdp")), ("length", None), ("embed", "fsdp"),
+      ("batch", ("data", "fsdp")), ("length", None),
+      ("act_length", "context"), ("embed", ("fsdp", "context")),
       ("act_embed", None), ("mlp", "tensor"), ("heads", "tensor"),
       ("kv_heads", "tensor"), ("head_dim", None), ("vocab", "tensor"),
       ("layers", None), ("norm", None))))
@@ -54,6 +60,22 @@ def prompt_sampling_config() -> ml_collections.ConfigDict:
       success_tracking="ema",
       ema_decay=0.5,
       initial_success=0.0,
+      # A curated set's measured pass rate as the starting success rate
+      # ("pass_rate", kimi_jax/data/curate.py); "" uses initial_success.
+      initial_success_field="",
+  ))
+
+
+def reward_model_config() -> ml_collections.ConfigDict:
+  """The reward model RL scores with when task.reward names one
+  (kimi_jax/reward_models/config.py); unused otherwise."""
+  return ml_collections.ConfigDict(dict(
+      path="",  # a directory written by launch/train_rm.py
+      threshold=0.5,  # value model: correct when P(correct) >= this
+      max_slots=64,  # CoT model: its sampler's slots and steps per call
+      steps_per_call=16,
+      batch_rows=16,  # value model: packed rows per forward
+      audit=False,  # also run the task's verifier and log agreement
   ))
 
 
@@ -63,7 +85,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = model_config()
   # Import real weights instead of random init: a local Hugging Face dir.
   c.init_from_hf = ""
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, context=1,
+                                         tensor=1))
   c.sharding = sharding_config()
 
   c.task = ml_collections.ConfigDict(dict(
@@ -74,6 +97,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # Fraction of warm-start examples that answer directly, without steps.
       direct_fraction=0.5,
       warmstart_fraction=0.25,
+      # RL reward: the exact verifier, or a trained reward model (rm_value,
+      # rm_cot, verifier_or_rm_*; docs/rewards.md) read from
+      # reward_model.path.
+      reward="pointer_chase",
   ))
 
   c.sft = ml_collections.ConfigDict(dict(
@@ -84,6 +111,25 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       warmup_steps=10,
       weight_decay=0.0,
       grad_clip=1.0,
+      # After warm-up: "constant", or "linear" / "cosine" decay to
+      # final_learning_rate; stage2_* re-warm for the last stage2_steps.
+      decay="constant",
+      final_learning_rate=0.0,
+      stage2_steps=0,
+      stage2_warmup_steps=0,
+      stage2_learning_rate=0.0,
+      stage2_final_learning_rate=0.0,
+      # SFT data: a JSONL of prompt + response or chat messages; "" uses the
+      # task's own warm-start pairs (pointer chasing has them).
+      train_path="",
+      # The last stage2_steps steps train on this set instead (the long-CoT
+      # warm-up rows of launch/warmup_data.py); "" keeps train_path.
+      stage2_train_path="",
+      on_bad_row="error",  # or "skip": drop bad rows and count them
+      prompt_field="prompt",
+      response_field="response",
+      messages_field="messages",
+      truncate=False,  # True: cut examples longer than seq_len
   ))
 
   c.sampler = ml_collections.ConfigDict(dict(
@@ -96,6 +142,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       top_p=1.0,
       repeat_ngram=4,
       repeat_times=4,
+      # Decode steps per jitted call (host round trip); the device stops
+      # finished slots and results do not depend on it (docs/sampler.md).
+      steps_per_call=16,
   ))
 
   c.rl = ml_collections.ConfigDict(dict(
@@ -136,6 +185,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   ))
 
   c.prompt_sampling = prompt_sampling_config()
+  c.reward_model = reward_model_config()
 
   c.checkpoint = ml_collections.ConfigDict(dict(every_iterations=1,
                                                 max_to_keep=2))
@@ -143,8 +193,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if arg == "micro":
     shrink_to_micro(c)
   elif arg:
-    raise ValueError(f"experiments/tiny.py: unknown variant {arg!r} "
-                     f"(known: micro)")
+    raise ValueError(f"unknown variant {arg!r} (known: micro)")
   return c
 
 

@@ -10,11 +10,29 @@ Paths may be local or `gs://...` (tensorstore).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """`config.checkpoint`: save every N RL iterations (and at the end),
+  keep the newest `max_to_keep` steps."""
+
+  every_iterations: int = 1
+  max_to_keep: int = 2
+
+  def __post_init__(self):
+    if self.every_iterations <= 0:
+      raise ValueError(f"config.checkpoint.every_iterations must be "
+                       f"positive, got {self.every_iterations}")
+    if self.max_to_keep <= 0:
+      raise ValueError(f"config.checkpoint.max_to_keep must be positive, got "
+                       f"{self.max_to_keep}")
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:

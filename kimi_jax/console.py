@@ -22,3 +22,11 @@ def progress(iterable, total: int, desc: str, enabled: bool, initial: int = 0):
   from tqdm import tqdm
   return tqdm(iterable, total=total, desc=desc, initial=initial,
               dynamic_ncols=True, file=sys.stderr)
+
+
+def quiet_library_logs() -> None:
+  """Only warnings from libraries' absl logging (Orbax logs every save at
+  INFO), unless the command line set --verbosity."""
+  from absl import flags, logging
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)

@@ -5,12 +5,38 @@ nothing, so callers need no `if process_index == 0` branches.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig:
+  """`config.log`: progress bars on stderr; PNG plots at the end of a run."""
+
+  progress: bool = True
+  plots: bool = True
+
+
+# (panel title, metric keys) of each stage's plot.
+RL_PANELS = (
+    ("reward", ("reward", "task_reward")),
+    ("accuracy", ("accuracy",)),
+    ("response length (tokens)", ("length_mean", "length_p95")),
+    ("partial rollouts", ("frac_partial", "frac_budget_stopped")),
+    ("length-reward weight", ("length_reward_weight",)),
+    ("loss", ("loss",)),
+    ("grad norm", ("grad_norm",)),
+    ("tokens/s", ("rollout_tokens_per_s", "train_tokens_per_s")),
+    ("handoff seconds", ("handoff_s",)),
+)
+EVAL_PANELS = (("held-out", ("pass_at_1", "greedy_accuracy")),
+               ("held-out response length", ("mean_length",)))
+SFT_PANELS = (("loss", ("loss",)),)
 
 
 def _scalar(v) -> float | None:
@@ -126,3 +152,15 @@ def plot_curves(records: Sequence[dict], stage: str,
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
+
+
+def plot_run(metrics_path: str, out_dir: str) -> list[str]:
+  """rl_curves.png, eval_curves.png and sft_curves.png of a run's JSONL;
+  returns the paths written (a stage with no rows has no plot)."""
+  records = read_jsonl(metrics_path)
+  plots = (("rl", RL_PANELS, "rl_curves.png", "Kimi k1.5 RL"),
+           ("eval", EVAL_PANELS, "eval_curves.png", "held-out evaluation"),
+           ("sft", SFT_PANELS, "sft_curves.png", "warm start"))
+  written = [plot_curves(records, stage, panels, os.path.join(out_dir, name),
+                         title) for stage, panels, name, title in plots]
+  return [p for p in written if p]

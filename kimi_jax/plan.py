@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
+import time
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -40,7 +42,8 @@ GB = 1e9  # decimal gigabytes, as TPU HBM sizes are quoted
 
 
 def abstract_mesh(sizes: Mapping[str, int]) -> AbstractMesh:
-  """A (data, fsdp, tensor) mesh of the given sizes, without devices."""
+  """A mesh of the given sizes (`context` defaults to 1), without devices."""
+  sizes = {"context": 1} | dict(sizes)
   missing = [a for a in MESH_AXES if a not in sizes]
   if missing or any(sizes[a] < 1 for a in MESH_AXES):
     raise ValueError(f"mesh sizes must give a positive size to each of "
@@ -84,18 +87,22 @@ def activation_estimate(cfg: ModelConfig, sharder: Sharder, rows: int,
   """Activation bytes per device for a train step of `rows` x `length`.
 
   With B rows of T tokens, every tensor's local size comes from its logical
-  axes (batch over data x fsdp, heads / kv_heads / mlp / vocab over tensor):
+  axes (batch over data x fsdp, the sequence over context, heads / kv_heads
+  / mlp / vocab over tensor):
 
     x      = B T D                       residual stream at a layer boundary
     layer  = 2 x (B T D)      norm outputs      + B T D  mid-layer residual
            + (B T H Dh) x 2   queries, attention output
            + (B T K Dh) x 2   keys, values
            + (B T F) x 3      gate, up, silu(gate) * up
-           + B H T T x (4 + c) attention scores (float32) and probabilities
-    logits = 3 x B T V x 4    logits, log-softmax and their cotangent (f32)
+           + attention scores:
+               model.attention "dot":  B H T T x (4 + c)  (f32 scores, probs)
+               otherwise:              3 x B H b b x 4    (one block pair's
+                                       scores, probs and dS, b = the block)
+    logits = 3 x B C V x 4    one chunk's logits, log-softmax and cotangent
+                              (C = model.logprob_chunk positions, f32)
 
-  in compute dtype (c bytes) unless marked. The attention implementation
-  materialises the full T x T scores, so that term grows with T^2.
+  in compute dtype (c bytes) unless marked.
 
     remat:    L x + 2 layer + logits   (the scan saves only layer inputs; the
                                         layer being recomputed holds its
@@ -106,19 +113,26 @@ def activation_estimate(cfg: ModelConfig, sharder: Sharder, rows: int,
   B, T, D = rows, length, cfg.d_model
   H, K, Dh, F, V = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim,
                     cfg.vocab_size)
-  x = _local_bytes(sharder, (B, T, D), ("batch", "length", "act_embed"), c)
+  x = _local_bytes(sharder, (B, T, D), ("batch", "act_length", "act_embed"), c)
   q = _local_bytes(sharder, (B, T, H, Dh),
-                   ("batch", "length", "heads", "head_dim"), c)
+                   ("batch", "act_length", "heads", "head_dim"), c)
   kv = _local_bytes(sharder, (B, T, K, Dh),
-                    ("batch", "length", "kv_heads", "head_dim"), c)
-  mlp = _local_bytes(sharder, (B, T, F), ("batch", "length", "mlp"), c)
-  scores_shape = (B, K, H // K, T, T)
-  scores_logical = ("batch", "kv_heads", None, "length", "length")
-  attention = (_local_bytes(sharder, scores_shape, scores_logical,
-                            jnp.float32) +
-               _local_bytes(sharder, scores_shape, scores_logical, c))
+                    ("batch", "act_length", "kv_heads", "head_dim"), c)
+  mlp = _local_bytes(sharder, (B, T, F), ("batch", "act_length", "mlp"), c)
+  if cfg.attention == "dot":
+    scores_shape = (B, K, H // K, T, T)
+    scores_logical = ("batch", "kv_heads", None, "length", "length")
+    attention = (_local_bytes(sharder, scores_shape, scores_logical,
+                              jnp.float32) +
+                 _local_bytes(sharder, scores_shape, scores_logical, c))
+  else:
+    b = min(cfg.attention_block, T)
+    attention = 3 * _local_bytes(sharder, (B, K, H // K, b, b),
+                                 ("batch", "kv_heads", None, None, None),
+                                 jnp.float32)
   layer = 3 * x + 2 * q + 2 * kv + 3 * mlp + attention
-  logits = 3 * _local_bytes(sharder, (B, T, V), ("batch", "length", "vocab"),
+  chunk = min(cfg.logprob_chunk, T)
+  logits = 3 * _local_bytes(sharder, (B, chunk, V), ("batch", None, "vocab"),
                             jnp.float32)
   L = cfg.n_layers
   if cfg.remat:
@@ -219,7 +233,7 @@ def format_table(plan: MemoryPlan, device_gb: float | None = None) -> str:
           ("activations (estimate)", a.total),
           ("  layer boundaries", a.boundaries),
           ("  one layer's working set", a.layer),
-          ("    of which attention T x T", a.attention),
+          ("    of which attention scores", a.attention),
           ("  logits", a.logits), ("total", plan.total)]
   mesh = ", ".join(f"{k}={v}" for k, v in plan.mesh.items())
   lines = [f"per-device memory plan, mesh {mesh} "
@@ -280,3 +294,62 @@ def plan_for_config(config: Any, mesh: Mapping[str, int],
       train_rows=int(rl.minibatch_prompts * rl.samples_per_prompt),
       train_len=int(max(rl.train_len_buckets or (config.model.max_seq_len,))))
   return make_plan(inputs, optimizer)
+
+
+# ---- the TPU compiler's figures (ahead-of-time, kimi_jax/aot.py) -------------
+
+
+def main_job_functions(config: Any, sharder: Sharder
+                       ) -> dict[str, tuple[Any, tuple]]:
+  """Every jitted function of the main job at the config's full shapes:
+  name -> (jitted fn, abstract args with shardings).
+
+  - rl_train_step_T<len>: the RL train step (policy loss, optimizer, donated
+    state) on a minibatch of the experiment's own rows for each length
+    bucket, and reference_logprobs_T<len> at the largest (the learner's);
+  - sampler_prefill (largest prefill and batch bucket) and sampler_generate
+    (`sampler.steps_per_call` decode steps over every slot of a full cache)
+    (the engine's).
+  The learner and the engine are built exactly as the job builds them.
+  """
+  from kimi_jax.experiment import parse_config
+  from kimi_jax.rl.learner import Learner
+  from kimi_jax.sampler.engine import Engine
+  cfg = parse_config(config)
+  learner = Learner(cfg.model, cfg.rl, sharder,
+                    cache_len=cfg.sampler.cache_len)
+  engine = Engine(cfg.model, cfg.sampler.engine, sharder=sharder)
+  return {**learner.aot_functions(),
+          **engine.aot_functions(cfg.sampler.steps_per_call)}
+
+
+def aot_report(config: Any, topology: str) -> dict[str, Any]:
+  """Compiles `main_job_functions` for a TPU topology (the experiment's own
+  mesh over its chips) and returns the per-function memory as JSON:
+  {topology, devices, mesh, seq_len, hbm_bytes, functions: {name:
+  {argument_bytes, output_bytes, alias_bytes, temp_bytes, total_bytes,
+  fits}}, fits}. A function the compiler rejects for exceeding HBM is
+  listed with fits=False, the total the compiler reported and the error."""
+  from kimi_jax import aot
+  from kimi_jax.config import to_dataclass
+  from kimi_jax.sharding import MeshConfig, make_mesh, rules_from_config
+  devices = aot.topology_devices(topology)
+  hbm = aot.hbm_bytes(devices)
+  mesh_cfg = to_dataclass(MeshConfig, config.mesh, "mesh")
+  sizes = mesh_cfg.resolve(len(devices))
+  sharder = Sharder(make_mesh(mesh_cfg, devices),
+                    rules_from_config(config.sharding.rules))
+  functions = {}
+  for name, (fn, args) in main_job_functions(config, sharder).items():
+    t0 = time.perf_counter()
+    try:
+      functions[name] = aot.compile_memory(fn, args).to_json(hbm)
+    except aot.CompileOutOfMemory as exc:  # reported, not hidden
+      functions[name] = aot.out_of_memory_json(exc)
+    print(f"compiled {name} in {time.perf_counter() - t0:.0f} s: "
+          f"{functions[name]['total_bytes'] / GB:.2f} GB per chip",
+          file=sys.stderr, flush=True)
+  return dict(topology=topology, devices=len(devices), mesh=sizes,
+              seq_len=int(config.model.max_seq_len), hbm_bytes=hbm,
+              functions=functions,
+              fits=all(f["fits"] for f in functions.values()))

@@ -1,9 +1,13 @@
-"""Supervised warm start: next-token training on (prompt, solution) pairs.
+"""Supervised warm start (report 2.2, 2.5.2): the `sft` config section, its
+learning-rate schedule and its data.
 
-The loss counts only solution tokens (and the closing eos). Rows come from a
-Grain `MapDataset` (shuffled, repeated, random access), so batch i is a pure
-function of (seed, i): the data-iterator state a checkpoint needs is the step.
-In a multi-process run each process reads only the rows its devices hold.
+Examples (a JSONL set's prompt + response or chat records, or the task's
+own warm-start pairs) are packed several to a row with segment ids, loss on
+response tokens only (kimi_jax/data/sft_data.py). Rows come from a shuffled,
+repeated Grain source; the stream position after each step is the data
+state the job saves in its checkpoints, so a resumed stage continues with
+exactly the batches it would have seen. Every process builds the global
+batch and places its own rows.
 """
 
 from __future__ import annotations
@@ -11,12 +15,33 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
-import grain
 import numpy as np
+
+from kimi_jax.data import records, sft_data
+from kimi_jax.data.records import LoadReport
+from kimi_jax.data.sft_data import PackedBatches
+from kimi_jax.data.tasks import JsonlTaskConfig, Task, TaskConfig
+from kimi_jax.token_rows import TokenRows
+from kimi_jax.train_step import OptimizerConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
+  """The `sft` config section.
+
+  Data (kimi_jax.data.records / sft_data): `train_path` is a JSONL file of
+  prompt + response or chat messages rows (field names configurable);
+  empty means the task's own warm-start data. `truncate`: cut examples
+  longer than `seq_len` instead of failing. Learning rate: warm-up, then
+  `decay` to `final_learning_rate`; when `stage2_steps` > 0 the last
+  `stage2_steps` steps re-warm to `stage2_learning_rate` and decay to
+  `stage2_final_learning_rate` (report 2.5.2's two stages).
+  `stage2_train_path`: the data of those last `stage2_steps` steps, e.g.
+  the long-CoT warm-up set of launch/warmup_data.py (report 2.2), so one
+  run is a vanilla SFT stage then a long-CoT stage, each with its data
+  position in the checkpoints; "" keeps `train_path` for both.
+  """
+
   steps: int
   batch_size: int
   seq_len: int
@@ -24,51 +49,151 @@ class SFTConfig:
   warmup_steps: int = 0
   weight_decay: float = 0.0
   grad_clip: float = 1.0
+  decay: str = "constant"
+  final_learning_rate: float = 0.0
+  stage2_steps: int = 0
+  stage2_warmup_steps: int = 0
+  stage2_learning_rate: float = 0.0
+  stage2_final_learning_rate: float = 0.0
+  train_path: str = ""
+  stage2_train_path: str = ""
+  on_bad_row: str = "error"
+  prompt_field: str = "prompt"
+  response_field: str = "response"
+  messages_field: str = "messages"
+  truncate: bool = False
 
   def __post_init__(self):
     if self.steps < 0:
       raise ValueError(f"sft.steps must be >= 0, got {self.steps}")
     if self.batch_size <= 0 or self.seq_len <= 1:
       raise ValueError("sft.batch_size must be > 0 and sft.seq_len > 1")
+    if self.on_bad_row not in ("error", "skip"):
+      raise ValueError(f"sft.on_bad_row must be 'error' or 'skip', got "
+                       f"{self.on_bad_row!r}")
+    if self.steps and self.stage2_steps + self.warmup_steps >= self.steps \
+        and self.decay != "constant":
+      raise ValueError(
+          f"sft.warmup_steps ({self.warmup_steps}) + sft.stage2_steps "
+          f"({self.stage2_steps}) leave no decay steps of sft.steps "
+          f"({self.steps})")
+    if self.stage2_train_path and not 0 < self.stage2_steps <= self.steps:
+      raise ValueError(
+          f"sft.stage2_train_path needs 0 < sft.stage2_steps <= sft.steps "
+          f"(the steps that train on it), got stage2_steps="
+          f"{self.stage2_steps}, steps={self.steps}")
+    if self.steps:
+      try:
+        optimizer_config(self)
+      except ValueError as exc:
+        raise ValueError(f"sft: {exc}") from None
 
 
-def encode_pair(prompt_ids: Sequence[int], solution_ids: Sequence[int],
-                seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
-  """One row: inputs, shifted targets, and a mask over solution targets."""
-  ids = list(prompt_ids) + list(solution_ids)
-  if len(ids) > seq_len + 1:
-    raise ValueError(f"example of {len(ids)} tokens exceeds sft.seq_len+1 = "
-                     f"{seq_len + 1}")
-  n = len(ids) - 1
-  tokens = np.full(seq_len, pad_id, np.int32)
-  targets = np.full(seq_len, pad_id, np.int32)
-  mask = np.zeros(seq_len, np.float32)
-  tokens[:n] = ids[:-1]
-  targets[:n] = ids[1:]
-  mask[len(prompt_ids) - 1:n] = 1.0
-  segment_ids = np.zeros(seq_len, np.int32)
-  segment_ids[:n] = 1
-  positions = np.arange(seq_len, dtype=np.int32)
-  return dict(tokens=tokens, targets=targets, mask=mask,
-              segment_ids=segment_ids, positions=positions)
+def optimizer_config(cfg: SFTConfig) -> OptimizerConfig:
+  """The SFT optimizer: stage 1 decays over the steps that stage 2 (the
+  last `stage2_steps`) and the warm-up leave."""
+  two = cfg.stage2_steps > 0
+  return OptimizerConfig(
+      learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps,
+      weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+      decay=cfg.decay,
+      decay_steps=(cfg.steps - cfg.stage2_steps - cfg.warmup_steps
+                   if cfg.decay != "constant" else 0),
+      final_learning_rate=cfg.final_learning_rate,
+      stage2_learning_rate=cfg.stage2_learning_rate if two else 0.0,
+      stage2_warmup_steps=cfg.stage2_warmup_steps if two else 0,
+      stage2_decay_steps=(cfg.stage2_steps - cfg.stage2_warmup_steps
+                          if two else 0),
+      stage2_final_learning_rate=cfg.stage2_final_learning_rate)
 
 
-def make_dataset(pairs: Sequence[tuple[list[int], list[int]]], cfg: SFTConfig,
-                 pad_id: int, seed: int) -> grain.MapDataset:
-  """Shuffled, repeated encoded rows; row i of batch b is `ds[b*B + i]`."""
-  return (grain.MapDataset.source(list(pairs)).shuffle(seed=seed).repeat()
-          .map(lambda p: encode_pair(p[0], p[1], cfg.seq_len, pad_id)))
+@dataclasses.dataclass(frozen=True)
+class SFTData:
+  """The SFT stage's rows: packed batches and, for a JSONL set, what loading
+  it did (rows kept / skipped); `stage2`: the batches of the last
+  `sft.stage2_steps` steps when `sft.stage2_train_path` is set."""
+
+  batches: PackedBatches
+  report: LoadReport | None = None
+  stage2: PackedBatches | None = None
+  stage2_report: LoadReport | None = None
+
+  def batches_at(self, step: int, cfg: SFTConfig) -> PackedBatches:
+    """The stream SFT step `step` (0-based) draws from."""
+    if self.stage2 is not None and step >= cfg.steps - cfg.stage2_steps:
+      return self.stage2
+    return self.batches
 
 
-def load_rows(dataset: grain.MapDataset, step: int, batch_size: int,
-              rows: range) -> dict[str, np.ndarray]:
-  """Rows `rows` of batch `step`: each process loads only its own rows."""
-  items = [dataset[step * batch_size + r] for r in rows]
-  return {k: np.stack([it[k] for it in items]) for k in items[0]}
-
-
-def encode_texts(texts: Sequence[tuple[str, str]], tokenizer,
-                 encode_prompt: Callable[[dict], list[int]]
-                 ) -> list[tuple[list[int], list[int]]]:
+def warmstart_pairs(texts: Sequence[tuple[str, str]], tokenizer,
+                    encode_prompt: Callable[[dict], list[int]]
+                    ) -> list[tuple[list[int], list[int]]]:
+  """A task's (prompt, solution) texts as (prompt ids, solution ids + eos)."""
   return [(encode_prompt({"prompt": p}),
            tokenizer.encode(s) + [tokenizer.eos_id]) for p, s in texts]
+
+
+def sft_source(cfg: SFTConfig, path: str | None = None
+               ) -> records.JsonlSource:
+  """The JSONL SFT set `path` (default `sft.train_path`), every row checked
+  (bad rows rejected or skipped and counted, `sft.on_bad_row`)."""
+  return records.load_sft_source(
+      cfg.train_path if path is None else path, records.SFTFields(
+          prompt=cfg.prompt_field, response=cfg.response_field,
+          messages=cfg.messages_field), on_bad_row=cfg.on_bad_row)
+
+
+def make_sft_data(cfg: SFTConfig, task: Task, task_cfg: TaskConfig,
+                  seed: int, *, source: records.JsonlSource | None = None,
+                  stage2_source: records.JsonlSource | None = None
+                  ) -> SFTData:
+  """Packed batches of `sft.batch_size` rows of `sft.seq_len` positions.
+
+  With `sft.train_path`: its records (prompt + response, or chat messages;
+  `source` when already loaded) tokenized with the task's Hugging Face
+  tokenizer, through the chat template and system prompt the task prompts
+  with (`task.chat_template`, `task.system_prompt`), loss on the response /
+  assistant tokens. Without: the task's own warm-start pairs, loss on the
+  solution and eos. With `sft.stage2_train_path` (`stage2_source` when
+  already loaded), its records the same way, for the second stage.
+  """
+  hf_example = None
+  if cfg.train_path or cfg.stage2_train_path:
+    if not isinstance(task_cfg, JsonlTaskConfig):
+      raise ValueError("config.sft.train_path / stage2_train_path need task "
+                       "'jsonl' (its Hugging Face tokenizer and chat "
+                       "template)")
+    hf_example = sft_data.hf_example_fn(
+        task.tokenizer, sft_data.SFTTokenizeConfig(
+            chat_template=task_cfg.chat_template,
+            system_prompt=task_cfg.system_prompt))
+  pack = lambda src, fn: PackedBatches(
+      src, fn, n_rows=cfg.batch_size, row_len=cfg.seq_len,
+      pad_id=task.tokenizer.pad_id, seed=seed, truncate=cfg.truncate)
+  stage2 = stage2_report = None
+  if cfg.stage2_train_path:
+    stage2_source = (stage2_source if stage2_source is not None else
+                     sft_source(cfg, cfg.stage2_train_path))
+    stage2, stage2_report = pack(stage2_source, hf_example), \
+        stage2_source.report
+  if cfg.train_path:
+    source = source if source is not None else sft_source(cfg)
+    to_example = hf_example
+    report = source.report
+  else:
+    if task.warmstart is None:
+      raise ValueError(f"config.sft.train_path is empty and task "
+                       f"{task.name!r} has no warm-start data of its own")
+    source = warmstart_pairs(task.warmstart(seed), task.tokenizer,
+                             task.encode_prompt)
+    to_example, report = _pair_example, None
+  return SFTData(pack(source, to_example), report, stage2, stage2_report)
+
+
+def _pair_example(pair: tuple[list[int], list[int]]) -> sft_data.SFTExample:
+  return sft_data.pair_example(pair[0], pair[1])
+
+
+def token_rows(rows: dict[str, np.ndarray]) -> TokenRows:
+  """`PackedBatches` rows as the model's `TokenRows`."""
+  return TokenRows(**{f"{k}_RxT": rows[k] for k in sft_data.ROW_KEYS})

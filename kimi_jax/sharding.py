@@ -1,9 +1,15 @@
 """Device mesh and logical-axis sharding rules.
 
 Every parameter and the main activations are named with a small logical-axis
-vocabulary (batch, length, embed, mlp, heads, kv_heads, head_dim, vocab,
-layers, norm). A short rule list maps each logical name to mesh axes
-(`data`, `fsdp`, `tensor`). Parameters whose shape does not divide as the rules
+vocabulary (batch, length, act_length, embed, act_embed, mlp, heads, kv_heads,
+head_dim, vocab, layers, norm). A short rule list maps each logical name to
+mesh axes (`data`, `fsdp`, `context`, `tensor`).
+
+`context` splits the sequence of activations (`act_length`) for the longest
+rows: context parallelism (kimi_jax/model/attention.py gathers keys and
+values along it). Parameters are sharded over it like over `fsdp`, so its
+chips add memory for the weights too. `length` (the sampler's cache) is
+never split. Parameters whose shape does not divide as the rules
 say raise `ShardingError` naming the parameter: nothing is silently
 replicated.
 """
@@ -18,14 +24,16 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "context", "tensor")
 
-# (logical name, mesh axes or None). Activations use `batch`/`length`; the
-# activation embedding dimension is never sharded (fsdp already splits batch).
+# (logical name, mesh axes or None). Activations use `batch`/`act_length`;
+# the activation embedding dimension is never sharded (fsdp already splits
+# batch).
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", ("data", "fsdp")),
     ("length", None),
-    ("embed", "fsdp"),
+    ("act_length", "context"),
+    ("embed", ("fsdp", "context")),
     ("act_embed", None),
     ("mlp", "tensor"),
     ("heads", "tensor"),
@@ -43,14 +51,15 @@ class ShardingError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """Sizes of the three mesh axes; one of them may be -1 for "the rest"."""
+  """Sizes of the mesh axes; one of them may be -1 for "the rest"."""
 
   data: int = -1
   fsdp: int = 1
+  context: int = 1
   tensor: int = 1
 
   def resolve(self, n_devices: int) -> dict[str, int]:
-    sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+    sizes = {a: getattr(self, a) for a in MESH_AXES}
     free = [k for k, v in sizes.items() if v == -1]
     if len(free) > 1:
       raise ValueError(f"mesh: at most one axis may be -1, got {free}")
@@ -71,7 +80,8 @@ class MeshConfig:
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None
               ) -> Mesh:
-  """Builds a (data, fsdp, tensor) mesh over `devices` (default: all)."""
+  """Builds a (data, fsdp, context, tensor) mesh over `devices` (default:
+  all)."""
   devices = list(jax.devices() if devices is None else devices)
   sizes = cfg.resolve(len(devices))
   shape = tuple(sizes[a] for a in MESH_AXES)
@@ -180,11 +190,39 @@ def host_to_global(x: np.ndarray, sharding: jax.sharding.Sharding
                    ) -> jax.Array:
   """A global array from a host array that every process holds in full.
 
-  Each process places only the shards its own devices hold, so this works
-  the same in one process and across the hosts of a pod.
+  Each process places only the shards its own devices hold (one explicit
+  transfer per shard), so this works the same in one process and across the
+  hosts of a pod.
   """
   x = np.asarray(x)
-  return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+  index_map = sharding.addressable_devices_indices_map(x.shape)
+  shards = [jax.device_put(x[index], device)
+            for device, index in index_map.items()]
+  return jax.make_array_from_single_device_arrays(x.shape, sharding, shards)
+
+
+def abstract_arrays(tree: Any, shardings: Any) -> Any:
+  """ShapeDtypeStructs of `tree`'s leaves (arrays or ShapeDtypeStructs)
+  placed with `shardings` (a matching tree, or one sharding for all): the
+  arguments of an ahead-of-time compile."""
+  if isinstance(shardings, jax.sharding.Sharding):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        np.shape(x), x.dtype, sharding=shardings), tree)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(
+      np.shape(x), x.dtype, sharding=s), tree, shardings)
+
+
+def batch_shardings(sharder: Sharder, tree: Any) -> Any:
+  """Every leaf of a batch pytree sharded on its leading (batch) axis."""
+  return jax.tree.map(
+      lambda x: sharder.data_sharding(np.shape(x), ("batch",) + (None,) * (
+          np.ndim(x) - 1)), tree)
+
+
+def place_batch(sharder: Sharder, tree: Any) -> Any:
+  """A host batch pytree (held in full by every process) as global arrays,
+  each leaf sharded on its leading axis."""
+  return jax.tree.map(host_to_global, tree, batch_shardings(sharder, tree))
 
 
 def process_rows(sharding: jax.sharding.Sharding, shape: Sequence[int]
@@ -201,8 +239,18 @@ def process_rows(sharding: jax.sharding.Sharding, shape: Sequence[int]
 def process_local_to_global(local: np.ndarray, sharding: jax.sharding.Sharding,
                             global_shape: Sequence[int]) -> jax.Array:
   """A global array from the rows (see `process_rows`) this process holds."""
-  return jax.make_array_from_process_local_data(sharding, np.asarray(local),
-                                                tuple(global_shape))
+  local = np.asarray(local)
+  shape = tuple(global_shape)
+  first = process_rows(sharding, shape).start
+  shards = []
+  for device, index in sharding.addressable_devices_indices_map(
+      shape).items():
+    rows = index[0] if index else slice(None)
+    start = (rows.start or 0) - first
+    stop = (shape[0] if rows.stop is None else rows.stop) - first
+    shards.append(jax.device_put(local[(slice(start, stop),) + tuple(
+        index[1:])], device))
+  return jax.make_array_from_single_device_arrays(shape, sharding, shards)
 
 
 def constrain(sharder: Sharder | None, x: jax.Array,

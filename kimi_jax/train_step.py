@@ -9,18 +9,21 @@ Non-finite loss or gradient norm leaves the state untouched and reports
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-from kimi_jax.model import transformer
+from kimi_jax.model import logprobs, transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sharding import Sharder
+from kimi_jax.token_rows import TokenRows
 
-Batch = Mapping[str, jax.Array]
+# A batch is any pytree of arrays the loss reads (TokenRows, Minibatch).
+Batch = Any
 LossFn = Callable[[Any, Batch], tuple[jax.Array, dict[str, jax.Array]]]
 
 
@@ -31,14 +34,37 @@ class TrainState:
   opt_state: Any
 
 
+DECAYS = ("constant", "linear", "cosine")
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
+  """AdamW with global-norm clipping and a warm-up / decay schedule.
+
+  Learning rate by step s (optimizer updates so far):
+    stage 1: linear warm-up from 0 to `learning_rate` over `warmup_steps`,
+      then `decay` ("constant": stay; "linear" / "cosine": go down to
+      `final_learning_rate` over `decay_steps`), then stay at that floor;
+    stage 2 (when `stage2_learning_rate` > 0; report 2.5.2's re-warm-up):
+      from the end of stage 1, linear warm-up from the stage-1 floor to
+      `stage2_learning_rate` over `stage2_warmup_steps`, the same kind of
+      decay to `stage2_final_learning_rate` over `stage2_decay_steps`, then
+      that floor for good.
+  """
+
   learning_rate: float
   warmup_steps: int = 0
   weight_decay: float = 0.0
   grad_clip: float = 1.0
   b1: float = 0.9
   b2: float = 0.95
+  decay: str = "constant"
+  decay_steps: int = 0
+  final_learning_rate: float = 0.0
+  stage2_learning_rate: float = 0.0
+  stage2_warmup_steps: int = 0
+  stage2_decay_steps: int = 0
+  stage2_final_learning_rate: float = 0.0
 
   def __post_init__(self):
     if self.learning_rate <= 0:
@@ -46,11 +72,76 @@ class OptimizerConfig:
                        f"{self.learning_rate}")
     if self.grad_clip <= 0:
       raise ValueError(f"grad_clip must be positive, got {self.grad_clip}")
+    if self.decay not in DECAYS:
+      raise ValueError(f"decay must be one of {DECAYS}, got {self.decay!r}")
+    for name in ("warmup_steps", "decay_steps", "stage2_warmup_steps",
+                 "stage2_decay_steps"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+    decaying = self.decay != "constant"
+    if decaying and self.decay_steps <= 0:
+      raise ValueError(f"decay={self.decay!r} needs decay_steps > 0")
+    if decaying and not 0 <= self.final_learning_rate <= self.learning_rate:
+      raise ValueError(f"final_learning_rate must be in [0, learning_rate="
+                       f"{self.learning_rate}], got "
+                       f"{self.final_learning_rate}")
+    if self.stage2_learning_rate < 0:
+      raise ValueError("stage2_learning_rate must be >= 0 (0: no stage 2)")
+    if self.stage2_learning_rate > 0:
+      if not decaying or self.stage2_decay_steps <= 0:
+        raise ValueError("a second stage (stage2_learning_rate > 0) needs a "
+                         "decaying first stage and stage2_decay_steps > 0")
+      if not 0 <= self.stage2_final_learning_rate <= \
+          self.stage2_learning_rate:
+        raise ValueError(f"stage2_final_learning_rate must be in [0, "
+                         f"stage2_learning_rate={self.stage2_learning_rate}]"
+                         f", got {self.stage2_final_learning_rate}")
+
+
+def _ramp(step, start: float, end: float, steps: int):
+  """start -> end linearly over `steps` (end from then on)."""
+  if steps == 0:
+    return jnp.asarray(end, jnp.float32)
+  frac = jnp.clip(step / steps, 0.0, 1.0)
+  return start + (end - start) * frac
+
+
+def _decayed(step, peak: float, floor: float, steps: int, kind: str):
+  frac = jnp.clip(step / steps, 0.0, 1.0)
+  if kind == "linear":
+    return peak + (floor - peak) * frac
+  return floor + (peak - floor) * 0.5 * (1.0 + jnp.cos(jnp.pi * frac))
+
+
+def learning_rate_schedule(cfg: OptimizerConfig) -> optax.Schedule:
+  """The learning rate as a function of the step (see OptimizerConfig)."""
+
+  def stage(step, start, peak, floor, warmup, decay_steps):
+    warm = _ramp(step, start, peak, warmup)
+    if cfg.decay == "constant":
+      return warm
+    return jnp.where(step < warmup, warm,
+                     _decayed(step - warmup, peak, floor, decay_steps,
+                              cfg.decay))
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    lr = stage(step, 0.0, cfg.learning_rate, cfg.final_learning_rate,
+               cfg.warmup_steps, cfg.decay_steps)
+    if cfg.stage2_learning_rate > 0:
+      start2 = cfg.warmup_steps + cfg.decay_steps
+      lr2 = stage(step - start2, cfg.final_learning_rate,
+                  cfg.stage2_learning_rate, cfg.stage2_final_learning_rate,
+                  cfg.stage2_warmup_steps, cfg.stage2_decay_steps)
+      lr = jnp.where(step < start2, lr, lr2)
+    return lr
+
+  return schedule
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-  if cfg.warmup_steps > 0:
-    lr = optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
+  if cfg.warmup_steps > 0 or cfg.decay != "constant":
+    lr = learning_rate_schedule(cfg)
   else:
     lr = cfg.learning_rate
   return optax.chain(
@@ -63,9 +154,12 @@ def opt_state_shardings(optimizer: optax.GradientTransformation,
                         sharder: Sharder) -> Any:
   """Optimizer moments take their parameter's sharding; counters replicate."""
   abstract_state = jax.eval_shape(optimizer.init, abstract_params)
-  return optax.tree_map_params(
-      optimizer, lambda _, s: s, abstract_state, param_shardings,
-      transform_non_params=lambda _: sharder.replicated())
+  # tree_map_params runs the optimizer's init eagerly on placeholders, which
+  # creates its scalar counters on the host; nothing of size moves.
+  with jax.transfer_guard_host_to_device("allow"):
+    return optax.tree_map_params(
+        optimizer, lambda _, s: s, abstract_state, param_shardings,
+        transform_non_params=lambda _: sharder.replicated())
 
 
 def state_shardings(optimizer, model_cfg: ModelConfig, sharder: Sharder
@@ -90,7 +184,7 @@ def make_reset_optimizer(optimizer, shardings: TrainState):
 
 def create_state(params: Any, optimizer, shardings: TrainState) -> TrainState:
   opt_state = make_reset_optimizer(optimizer, shardings)(params)
-  step = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
+  step = jax.device_put(np.zeros((), np.int32), shardings.step)
   return TrainState(step=step, params=params, opt_state=opt_state)
 
 
@@ -157,25 +251,15 @@ def jit_train_step(loss_fn: LossFn, optimizer, shardings: TrainState,
   return step, counter
 
 
-def cross_entropy_loss(params, batch: Batch, *, cfg: ModelConfig,
+def cross_entropy_loss(params, rows: TokenRows, *, cfg: ModelConfig,
                        sharder: Sharder | None = None):
-  """Masked next-token cross-entropy: sum(mask * -log p(target)) / sum(mask).
-
-  batch: tokens_BxT (inputs), targets_BxT, mask_BxT (1 where the target
-  counts), positions_BxT, segment_ids_BxT.
-  """
-  logits, _ = transformer.forward(params, batch["tokens"], batch["positions"],
-                                  batch["segment_ids"], cfg=cfg,
-                                  sharder=sharder)
-  logp_BxT = transformer.token_logprobs(logits, batch["targets"])
-  mask_BxT = batch["mask"].astype(jnp.float32)
-  n_tokens = jnp.maximum(mask_BxT.sum(), 1.0)
-  loss = -(logp_BxT * mask_BxT).sum() / n_tokens
-  return loss, {"tokens": mask_BxT.sum()}
-
-
-def batch_shardings(sharder: Sharder, batch_shapes: Mapping[str, tuple]):
-  """Every batch field is sharded on its leading (batch) axis."""
-  return {k: sharder.data_sharding(shape, ("batch",) + (None,) *
-                                   (len(shape) - 1))
-          for k, shape in batch_shapes.items()}
+  """Masked next-token cross-entropy: sum(mask * -log p(target)) / sum(mask)
+  over packed rows (`TokenRows`); log-probs in chunks of the sequence
+  (`kimi_jax.model.logprobs`), never the whole R x T x V logits."""
+  logp_RxT = logprobs.token_logprobs(
+      params, rows.tokens_RxT, rows.positions_RxT, rows.segment_ids_RxT,
+      rows.targets_RxT, cfg=cfg, sharder=sharder)
+  mask_RxT = rows.mask_RxT.astype(jnp.float32)
+  n_tokens = jnp.maximum(mask_RxT.sum(), 1.0)
+  loss = -(logp_RxT * mask_RxT).sum() / n_tokens
+  return loss, {"tokens": mask_RxT.sum()}

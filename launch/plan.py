@@ -1,50 +1,67 @@
-"""python launch/plan.py --config experiments/qwen2_5_7b.py --mesh data=4,fsdp=16,tensor=4 --device-memory-gb 16
+"""Per-device memory of an experiment, from the TPU compiler or a quick plan.
 
-Prints the per-device memory plan of an experiment on a mesh of any size
-(abstract devices: nothing is allocated), warns when it exceeds the given
-device memory, and optionally writes it as JSON. `--config.x.y=v` overrides
-apply as in launch/tpu_run.py.
+  python launch/plan.py --config experiments/qwen2_5_7b.py --aot v5p:4x4x4 \\
+      --json plan.json
+  python launch/plan.py --config experiments/qwen2_5_7b.py \\
+      --mesh data=4,fsdp=16,tensor=4 --device_memory_gb 16
+
+With --aot TOPOLOGY (e.g. v5p:4x4x4, v5e:16x16, v6e:8x8) the TPU compiler
+itself compiles every jitted function of the main job for that slice, on
+this host, over the experiment's own mesh (an axis of -1 takes the rest of
+the chips), and reports its per-device argument / output / temp bytes
+against the chip's HBM (needs libtpu: requirements-test.txt). Without it, a
+quick analytic plan on a mesh of any size (--mesh, abstract devices, nothing
+is allocated) warns when it exceeds --device_memory_gb. --json writes either
+as JSON. `--config.x.y=v` overrides apply as in launch/tpu_run.py.
 """
 
-from __future__ import annotations
-
-import argparse
 import json
 import os
 import sys
 
-# Runs from a checkout without installing the package, as launch/tpu_run.py.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
 
-from kimi_jax import plan  # noqa: E402
-from kimi_jax.config import load_config, split_config_args  # noqa: E402
+from kimi_jax.config import define_config_flag, parse_flags
+
+_CONFIG = define_config_flag()
+_AOT = flags.DEFINE_string("aot", "", "compile every jitted function of the "
+                           "main job for this TPU slice, e.g. v5p:4x4x4")
+_MESH = flags.DEFINE_string("mesh", "", "analytic plan: axis sizes, e.g. "
+                            "data=4,fsdp=16,tensor=4 (default: the config's "
+                            "mesh section)")
+_NUM_DEVICES = flags.DEFINE_integer("num_devices", None, "analytic plan: "
+                                    "device count, to resolve a -1 mesh axis")
+_MEMORY_GB = flags.DEFINE_float("device_memory_gb", None, "analytic plan: "
+                                "per-device memory (GB = 1e9 bytes) to warn "
+                                "above")
+_JSON = flags.DEFINE_string("json", "", "write the report here")
 
 
-def main(argv: list[str]) -> int:
-  overrides, rest = split_config_args(argv)
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
-  parser.add_argument("--config", required=True,
-                      help="experiment file, optionally path.py:variant")
-  parser.add_argument("--mesh", default="",
-                      help="axis sizes, e.g. data=4,fsdp=16,tensor=4 "
-                      "(default: the config's mesh section)")
-  parser.add_argument("--num-devices", type=int, default=None,
-                      help="device count, to resolve a -1 mesh axis")
-  parser.add_argument("--device-memory-gb", type=float, default=None,
-                      help="per-device memory (GB = 1e9 bytes) to warn above")
-  parser.add_argument("--json", default="", help="write the plan here")
-  args = parser.parse_args(rest)
-  config = load_config(args.config, overrides)
-  memory = plan.plan_for_config(config, plan.parse_mesh(args.mesh),
-                                args.num_devices)
-  print(plan.format_table(memory, args.device_memory_gb))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(dict(memory.to_json(), config=args.config,
-                     overrides=overrides,
-                     device_memory_gb=args.device_memory_gb), f, indent=2)
+def main(argv):
+  del argv
+  if _AOT.value:
+    # Before any backend starts: the TPU runtime only compiles; the CPU stays
+    # the backend of everything that runs.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from kimi_jax import aot
+    aot.prepare_environment(_AOT.value)
+  from kimi_jax import aot, plan
+  config_name = flags.FLAGS["config"].serialize()
+  if _AOT.value:
+    report = plan.aot_report(_CONFIG.value, _AOT.value)
+    print(aot.format_report(report))
+    out = dict(report, config=config_name)
+  else:
+    memory = plan.plan_for_config(_CONFIG.value, plan.parse_mesh(_MESH.value),
+                                  _NUM_DEVICES.value)
+    print(plan.format_table(memory, _MEMORY_GB.value))
+    out = dict(memory.to_json(), config=config_name,
+               device_memory_gb=_MEMORY_GB.value)
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump(out, f, indent=2)
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:]))
+  sys.exit(app.run(main, flags_parser=parse_flags))

@@ -1,17 +1,40 @@
-"""Prints completions from a checkpoint.
+"""Prints completions of a run's policy, from its workdir.
 
-  python launch/sample.py --config experiments/tiny.py --checkpoint WORKDIR \\
-      --prompt "37 c5 =" --num-samples 4 [--temperature 0.8 --top-k 0
-      --top-p 1.0 --greedy --seed 0 --max-new-tokens N --step S]
+  python launch/sample.py --workdir /tmp/kimi_tiny --prompt "37 c5 =" \\
+      --num_samples 4 --temperature 0.8
 
-Any --config.KEY=VALUE overrides that key of the config file.
+The run's own config (WORKDIR/config.json), tokenizer and checkpoint (the
+latest, or --step) are used; --temperature / --top_k / --top_p default to
+the config's sampler section.
 """
 
-import os
-import sys
+from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_WORKDIR = flags.DEFINE_string("workdir", None, "a kimi_jax run's workdir",
+                               required=True)
+_STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
+_PROMPT = flags.DEFINE_multi_string("prompt", None, "prompt text (repeat the "
+                                    "flag for several)", required=True)
+_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "samples per prompt")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "default: whatever "
+                                "the cache leaves after the prompt")
+_TEMPERATURE = flags.DEFINE_float("temperature", None, "sampling temperature")
+_TOP_K = flags.DEFINE_integer("top_k", None, "top-k (0: off)")
+_TOP_P = flags.DEFINE_float("top_p", None, "top-p (1: off)")
+_GREEDY = flags.DEFINE_bool("greedy", False, "argmax decoding")
+_SEED = flags.DEFINE_integer("seed", 0, "seed of the first sample")
+
+
+def main(argv):
+  del argv
+  from kimi_jax import workdir
+  for line in workdir.complete(
+      _WORKDIR.value, _PROMPT.value, step=_STEP.value,
+      num_samples=_NUM_SAMPLES.value, max_new_tokens=_MAX_NEW.value,
+      temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
+      greedy=_GREEDY.value, seed=_SEED.value)[1]:
+    print(line)
+
 
 if __name__ == "__main__":
-  from kimi_jax.sampler.cli import main
-  main()
+  app.run(main)

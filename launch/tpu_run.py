@@ -1,71 +1,85 @@
 """The main job: supervised warm start, then Kimi k1.5 RL.
 
   python launch/tpu_run.py --config experiments/tiny.py --workdir /tmp/kimi_tiny
-  python launch/tpu_run.py --config experiments/tiny.py --workdir DIR \\
+  python launch/tpu_run.py --config experiments/tiny.py:micro --workdir DIR \\
       --config.rl.iterations=20 --config.rl.tau=0.5
 
+From a Hugging Face checkpoint and JSONL data (docs/real_path.md):
+
+  python launch/tpu_run.py --config experiments/qwen2_5_1_5b.py:cpu_smoke \\
+      --workdir W --config.init_from_hf=HF --config.task.train_path=T.jsonl \\
+      --config.task.eval_path=E.jsonl --config.sft.train_path=S.jsonl
+
+takes the model section from HF/config.json (a --config.model.* override
+must agree with it, except the run settings: dtypes, remat, max_seq_len)
+and writes the trained policy to W/hf_export/.
+
 Rerun with the same --workdir to resume. Override any config key with
---config.section.key=value; unknown keys and wrong types are rejected. On a
-TPU pod run the same command on every worker (jax.distributed starts by
-itself); elsewhere pass --coordinator_address, --num_processes, --process_id.
+--config.section.key=value; unknown keys and wrong types are rejected,
+naming the key. Bad input (config, data file, checkpoint directory) stops
+the run with one line naming the key, file, line or field. On a TPU pod
+run the same command on every worker (jax.distributed starts by itself);
+elsewhere pass --coordinator_address, --num_processes and --process_id.
 """
 
-import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
+
+from kimi_jax.config import ConfigError, define_config_flag, parse_flags
+
+_CONFIG = define_config_flag()
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "where checkpoints, metrics, TensorBoard files and plots "
+    "go (local path or gs://); rerun to resume", required=True)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 (multi-process, "
+    "non-TPU)")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
+                                      "number of processes (multi-process)")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None,
+                                   "this process's index (multi-process)")
+_CPU_DEVICES = flags.DEFINE_integer(
+    "cpu_devices", None, "number of devices per process on the CPU backend")
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout_seconds", 100, "multi-process: how soon the others "
+    "stop after one process dies")
 
 
-def parse_args(argv):
-  from kimi_jax.config import split_config_args
-  overrides, rest = split_config_args(argv)
-  p = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-      epilog="Any --config.KEY=VALUE overrides that key of the config file.")
-  p.add_argument("--config", required=True,
-                 help="experiment file with get_config(), e.g. "
-                 "experiments/tiny.py (or file.py:arg)")
-  p.add_argument("--workdir", required=True,
-                 help="where checkpoints, metrics, TensorBoard files and "
-                 "plots go (local path or gs://); rerun to resume")
-  p.add_argument("--coordinator_address", default=None,
-                 help="host:port of process 0 (multi-process, non-TPU)")
-  p.add_argument("--num_processes", type=int, default=None)
-  p.add_argument("--process_id", type=int, default=None)
-  p.add_argument("--cpu_devices", type=int, default=None,
-                 help="number of devices per process on the CPU backend")
-  p.add_argument("--heartbeat_timeout_seconds", type=int, default=100,
-                 help="multi-process: how soon the others stop after one "
-                 "process dies")
-  args = p.parse_args(rest)
-  return args, overrides
-
-
-def main(argv=None):
-  args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-  from kimi_jax.config import ConfigError, load_config
+def main(argv):
+  del argv
+  from ml_collections import config_flags
+  from kimi_jax.console import quiet_library_logs
+  from kimi_jax.data.records import DataError
+  from kimi_jax.experiment import explicit_model_keys, parse_config
+  from kimi_jax.model.hf import HFCheckpointError
+  quiet_library_logs()
+  explicit_model = explicit_model_keys(
+      config_flags.get_override_values(flags.FLAGS["config"]))
   # Validate before joining the other processes: a bad config fails fast.
   try:
-    config = load_config(args.config, overrides)
-    from kimi_jax.run import parse_config
-    parse_config(config)
+    parse_config(_CONFIG.value, explicit_model=explicit_model)
   except (ConfigError, ValueError) as exc:
     sys.exit(f"config error: {exc}")
   from kimi_jax import distributed
   distributed.initialize(distributed.DistributedConfig(
-      coordinator_address=args.coordinator_address,
-      num_processes=args.num_processes, process_id=args.process_id,
-      cpu_devices=args.cpu_devices,
-      heartbeat_timeout_seconds=args.heartbeat_timeout_seconds))
-  from kimi_jax.run import train_and_evaluate
+      coordinator_address=_COORDINATOR.value,
+      num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
+      cpu_devices=_CPU_DEVICES.value,
+      heartbeat_timeout_seconds=_HEARTBEAT.value))
+  from kimi_jax.job import train_and_evaluate
   try:
-    train_and_evaluate(config, args.workdir)
+    train_and_evaluate(_CONFIG.value, _WORKDIR.value,
+                       explicit_model=explicit_model)
   except ConfigError as exc:
     distributed.fail(f"config error: {exc}")
+  except DataError as exc:
+    distributed.fail(f"data error: {exc}")
+  except HFCheckpointError as exc:
+    distributed.fail(f"checkpoint error: {exc}")
   except Exception as exc:  # noqa: BLE001 - report, then stop every process
     distributed.fail(f"{type(exc).__name__}: {exc}", exc)
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main, flags_parser=parse_flags)

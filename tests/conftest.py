@@ -1,4 +1,7 @@
-"""Test setup: the JAX CPU backend with 8 fake devices, set before jax loads."""
+"""Test setup: the JAX CPU backend with 8 fake devices, set before jax loads,
+and two guards on: implicit rank promotion raises (no silent broadcasting)
+and implicit host-to-device transfers raise (every transfer is an explicit
+`jax.device_put` with a chosen sharding)."""
 
 import os
 
@@ -9,3 +12,33 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_transfer_guard_host_to_device", "disallow")
+
+
+import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "host_inputs: the test feeds host (numpy) inputs straight "
+      "into pure functions, eagerly, by design (numerics of losses, sampling, "
+      "the model against references); the host-to-device transfer guard is "
+      "off for it. Tests of the job's data paths must not use it.")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+  with _guard_for(item):
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+  with _guard_for(item):
+    return (yield)
+
+
+def _guard_for(item):
+  level = "allow" if item.get_closest_marker("host_inputs") else "disallow"
+  return jax.transfer_guard_host_to_device(level)

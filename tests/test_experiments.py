@@ -4,29 +4,46 @@ overrides are type-checked by key."""
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from kimi_jax.config import ConfigError, load_config, to_dataclass
+from kimi_jax.experiment import explicit_model_keys, parse_config
+from kimi_jax.long2short import config as l2s_config
+from kimi_jax.long2short import pipeline
 from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig, count_params
 from kimi_jax.rl.config import RLConfig
 from kimi_jax.rl.prompt_sampling import PromptSamplingConfig
 from kimi_jax.sampler.engine import EngineConfig
+from kimi_jax.sharding import MeshConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Not experiments but configs over tiny.py with sections of their own:
+# ablations.py holds sweeps (a base and its arms, tested in
+# tests/test_ablation.py); rm_tiny.py a study (warm start, reward-model
+# training, RL arms; tested in tests/test_reward_models.py).
+NOT_EXPERIMENTS = ("ablations.py", "rm_tiny.py")
 EXPERIMENTS = sorted(
     p for p in glob.glob(os.path.join(ROOT, "experiments", "*.py"))
-    if not os.path.basename(p).startswith("_"))
+    if not os.path.basename(p).startswith("_")
+    and os.path.basename(p) not in NOT_EXPERIMENTS)
 TINY = os.path.join(ROOT, "experiments", "tiny.py")
+LONG2SHORT = os.path.join(ROOT, "experiments", "long2short_tiny.py")
 QWEN_7B = os.path.join(ROOT, "experiments", "qwen2_5_7b.py")
-# Every experiment and its tiny variant ("path:tiny"; tiny.py is its own).
-SCALED = [p for p in EXPERIMENTS if p != TINY]
-VARIANTS = EXPERIMENTS + [p + ":tiny" for p in SCALED]
+QWEN_1_5B = os.path.join(ROOT, "experiments", "qwen2_5_1_5b.py")
+# Every experiment and its tiny variant ("path:tiny"; tiny.py and the
+# tiny-sized long2short experiment are their own).
+SCALED = [p for p in EXPERIMENTS if p not in (TINY, LONG2SHORT)]
+VARIANTS = EXPERIMENTS + [p + ":tiny" for p in SCALED] + [QWEN_7B + ":128k"]
+# The real path at toy sizes: its model comes from init_from_hf.
+SMOKE = [p + ":cpu_smoke" for p in SCALED]
 
 
 def _ids(paths):
@@ -44,13 +61,19 @@ def _keys(config) -> dict[str, set[str]]:
           for k, v in config.items()}
 
 
-@pytest.mark.parametrize("path", VARIANTS, ids=_ids(VARIANTS))
+@pytest.mark.parametrize("path", VARIANTS + SMOKE, ids=_ids(VARIANTS + SMOKE))
 def test_config_has_tiny_layout_and_validates(path):
   config = load_config(path)
   reference = _keys(load_config(TINY))
   got = _keys(config)
   # The task section depends on the task; every other key is read by the run.
   reference.pop("task"), got.pop("task")
+  # A long2short experiment adds its own sections (typed and checked there).
+  if any(k in got for k in l2s_config.SECTIONS):
+    l2s_config.check_long2short(l2s_config.l2s_config(config),
+                                parse_config(pipeline.job_sections(config)))
+    for k in l2s_config.SECTIONS:
+      got.pop(k)
   assert got == reference
   model = to_dataclass(ModelConfig, config.model, "model")
   rl = to_dataclass(RLConfig, config.rl, "rl")
@@ -90,6 +113,17 @@ def test_tiny_variant_is_tiny_of_the_same_family(path):
       full.tie_embeddings, full.qkv_bias, full.remat)
 
 
+def test_qwen2_5_7b_128k_uses_context_parallelism():
+  config = load_config(QWEN_7B + ":128k")
+  assert config.model.max_seq_len == 131072
+  assert config.sampler.cache_len == 131072
+  assert config.rl.train_len_buckets[-1] == 131072
+  assert config.mesh.context > 1
+  # 128 chips (v5p:4x4x8): data takes what fsdp x context x tensor leave.
+  mesh = to_dataclass(MeshConfig, config.mesh, "mesh").resolve(128)
+  assert mesh == dict(data=1, fsdp=8, context=4, tensor=4)
+
+
 def test_unknown_variant_is_rejected():
   with pytest.raises(ValueError, match="'huge'"):
     load_config(QWEN_7B + ":huge")
@@ -121,3 +155,115 @@ def test_valid_override_is_applied():
   assert config.rl.tau == 0.5
   assert config.init_from_hf == "/models/qwen"
   assert load_config(QWEN_7B).model.n_layers == 28
+
+
+@pytest.mark.parametrize("path", SCALED, ids=_ids(SCALED))
+def test_qwen_real_path_defaults(path):
+  from kimi_jax import sft as sft_lib
+  from kimi_jax import train_step as ts
+  config = load_config(path)
+  sft = to_dataclass(sft_lib.SFTConfig, config.sft, "sft")
+  # Report 2.5.2: 2e-5 -> 2e-6, then re-warmed 1e-5 -> 1e-6.
+  lr = ts.learning_rate_schedule(sft_lib.optimizer_config(sft))
+  end1 = sft.steps - sft.stage2_steps
+  peak2 = end1 + sft.stage2_warmup_steps
+  got = jax.jit(jax.vmap(lr))(jax.device_put(np.asarray(
+      [sft.warmup_steps, end1, peak2, sft.steps], np.int32)))
+  np.testing.assert_allclose(np.asarray(got), [2e-5, 2e-6, 1e-5, 1e-6],
+                             rtol=1e-3)
+  assert config.rl.train_on_old_segments  # the tiny study (docs/loop.md)
+  assert config.task.chat_template and config.task.system_prompt == ""
+  for key in ("train_path", "eval_path"):
+    assert key in config.task
+  assert "train_path" in config.sft and "init_from_hf" in config
+
+
+# ---------------------------------------------------------------------------
+# The model section of a run from a Hugging Face checkpoint
+
+
+def _checkpoint_dir(path, **changes) -> str:
+  """A small Qwen2 checkpoint's config.json (the config check reads no
+  weights)."""
+  os.makedirs(path, exist_ok=True)
+  config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+            "vocab_size": 512, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 512,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+            "tie_word_embeddings": True, **changes}
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config, f)
+  return str(path)
+
+
+def _smoke(tmp_path, path=QWEN_1_5B, **overrides):
+  data = tmp_path / "d.jsonl"
+  data.write_text(json.dumps({"prompt": "1+1?", "answer": "2",
+                              "response": "2"}) + "\n")
+  values = {"init_from_hf": _checkpoint_dir(tmp_path / "hf"),
+            "task.train_path": str(data), "task.eval_path": str(data),
+            "sft.train_path": str(data), **overrides}
+  return load_config(path + ":cpu_smoke", values)
+
+
+CHECKPOINT_MODEL = ModelConfig(
+    vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+    head_dim=16, mlp_dim=96, rope_theta=10000.0, norm_eps=1e-5,
+    tie_embeddings=True, qkv_bias=True,
+    # The run settings are cpu_smoke's.
+    max_seq_len=512, param_dtype="float32", compute_dtype="float32",
+    remat=False)
+
+
+@pytest.mark.parametrize("path", SCALED, ids=_ids(SCALED))
+def test_cpu_smoke_takes_its_model_from_the_checkpoint(path, tmp_path):
+  cfg = parse_config(_smoke(tmp_path, path), n_devices=1)
+  assert cfg.model == CHECKPOINT_MODEL
+  assert (cfg.sft.steps, cfg.rl.iterations, cfg.log.plots) == (2, 2, False)
+  assert cfg.sampler.cache_len <= 512 and cfg.rl.prompts_per_iteration <= 4
+  assert cfg.task.reward == "math" and cfg.task.chat_template
+
+
+def test_explicit_model_overrides_must_agree_with_the_checkpoint(tmp_path):
+  def parse(**overrides):
+    return parse_config(_smoke(tmp_path, **overrides), n_devices=1,
+                        explicit_model=explicit_model_keys(overrides))
+
+  # Run settings may differ from the checkpoint's.
+  cfg = parse(**{"model.param_dtype": "bfloat16", "model.remat": True,
+                 "model.max_seq_len": 1024})
+  assert (cfg.model.param_dtype, cfg.model.remat, cfg.model.max_seq_len) == (
+      "bfloat16", True, 1024)
+  assert parse(**{"model.n_layers": 2}).model == CHECKPOINT_MODEL
+  # 28 is the placeholder's value in the file, but set explicitly it is a
+  # claim about the checkpoint, and a wrong one.
+  with pytest.raises(ConfigError, match=r"config\.model\.n_layers=28 "
+                     r"disagrees with the checkpoint .*num_hidden_layers "
+                     r"gives 2"):
+    parse(**{"model.n_layers": 28})
+  with pytest.raises(ConfigError, match=r"config\.model\.tie_embeddings"):
+    parse(**{"model.tie_embeddings": False})
+  # The cross-section checks see the merged model.
+  with pytest.raises(ConfigError, match=r"config\.sampler\.cache_len \(512\) "
+                     r"exceeds config\.model\.max_seq_len \(128\)"):
+    parse(**{"model.max_seq_len": 128})
+
+
+def test_explicit_model_keys_from_flags_or_overrides():
+  assert explicit_model_keys({"model.n_layers": 3, "rl.tau": 0.5,
+                              "model.remat": True}) == ("n_layers", "remat")
+  assert explicit_model_keys(["--config.model.d_model=8", "sft.steps=1",
+                              "model.d_model=8"]) == ("d_model",)
+
+
+def test_an_unusable_checkpoint_is_rejected_naming_it(tmp_path):
+  with pytest.raises(ConfigError, match=r"config\.init_from_hf: task 'jsonl' "
+                     r"needs a Hugging Face directory"):
+    parse_config(_smoke(tmp_path, init_from_hf=""))
+  gpt2 = _checkpoint_dir(tmp_path / "gpt2", architectures=["GPT2LMHeadModel"])
+  with pytest.raises(ConfigError, match=r"gpt2/config\.json: unsupported "
+                     r"architecture \['GPT2LMHeadModel'\]"):
+    parse_config(_smoke(tmp_path, init_from_hf=gpt2))
+  with pytest.raises(ConfigError, match=r"nowhere/config\.json: not found"):
+    parse_config(_smoke(tmp_path, init_from_hf=str(tmp_path / "nowhere")))

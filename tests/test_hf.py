@@ -24,6 +24,9 @@ from kimi_jax.model.tokenizer import Tokenizer, load_hf_tokenizer
 from kimi_jax.sharding import (DEFAULT_RULES, MeshConfig, Sharder,
                                ShardingError, make_mesh)
 
+# Numerics against transformers on host inputs (see tests/conftest.py).
+pytestmark = pytest.mark.host_inputs
+
 _COMMON = dict(vocab_size=96, hidden_size=64, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2,
                intermediate_size=128, max_position_embeddings=128,
@@ -372,3 +375,51 @@ def test_bpe_tokenizer_round_trips_text(tmp_path):
   ids = loaded.encode(sample)
   assert len(ids) < len(sample.encode())  # merges were applied
   assert loaded.decode(ids + [loaded.eos_id]) == sample
+
+
+# --------------------------------------------------------------------------
+# The run's model section from a checkpoint directory
+
+
+def test_model_config_from_hf_dir(qwen2_dir, tmp_path):
+  cfg = hf.model_config_from_hf(qwen2_dir[0])
+  assert (cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.n_heads,
+          cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim) == (96, 64, 2, 4, 2, 16,
+                                                         128)
+  assert (cfg.rope_theta, cfg.norm_eps, cfg.tie_embeddings, cfg.qkv_bias,
+          cfg.max_seq_len) == (5000.0, 1e-5, False, True, 128)
+  with pytest.raises(hf.HFCheckpointError, match=r"empty/config\.json: not "
+                     r"found"):
+    hf.model_config_from_hf(str(tmp_path / "empty"))
+  bad = tmp_path / "bad"
+  bad.mkdir()
+  (bad / "config.json").write_text(json.dumps(_config(
+      architectures=["GPT2LMHeadModel"])))
+  with pytest.raises(hf.HFCheckpointError,
+                     match=r"bad/config\.json: unsupported architecture "
+                     r"\['GPT2LMHeadModel'\]"):
+    hf.model_config_from_hf(str(bad))
+  (bad / "config.json").write_text("{not json")
+  with pytest.raises(hf.HFCheckpointError, match=r"bad/config\.json: not "
+                     r"valid JSON"):
+    hf.model_config_from_hf(str(bad))
+
+
+def test_merge_model_config_keeps_architecture_and_run_settings():
+  ckpt = hf.config_from_hf(_config())
+  merged = hf.merge_model_config(ckpt, {
+      "param_dtype": "bfloat16", "remat": True, "max_seq_len": 64,
+      "n_layers": 2, "rope_theta": 5000, "qkv_bias": True}, source="D")
+  assert merged == ModelConfig(**{
+      **{f: getattr(ckpt, f) for f in ckpt.__dataclass_fields__},
+      "param_dtype": "bfloat16", "remat": True, "max_seq_len": 64})
+  for key, value, hf_key in (("n_layers", 3, "num_hidden_layers"),
+                             ("rope_theta", 1e6, "rope_theta"),
+                             ("qkv_bias", False, "architectures"),
+                             ("tie_embeddings", True, "tie_word_embeddings")):
+    with pytest.raises(hf.HFCheckpointError,
+                       match=rf"config\.model\.{key}={value!r} disagrees "
+                       rf"with the checkpoint D \({hf_key} gives"):
+      hf.merge_model_config(ckpt, {key: value}, source="D")
+  with pytest.raises(hf.HFCheckpointError, match=r"unknown keys \['layers'\]"):
+    hf.merge_model_config(ckpt, {"layers": 3})

@@ -14,6 +14,9 @@ from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
 
+# Numerics of pure functions on host inputs (see tests/conftest.py).
+pytestmark = pytest.mark.host_inputs
+
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4,
                   n_kv_heads=2, head_dim=8, mlp_dim=64, rope_theta=10000.0,
                   qkv_bias=True, max_seq_len=64)
@@ -67,7 +70,7 @@ def _loss(params, tokens_BxT, cfg, sharder):
 
 def test_sharded_logits_and_grads_equal_single_device():
   sharder = Sharder(make_mesh(MeshConfig(data=2, fsdp=2, tensor=2)))
-  params = transformer.init_sharded(CFG, jax.random.key(0), sharder)
+  params = transformer.init_sharded(CFG, 0, sharder)
   tokens = _tokens((4, 12), seed=1)
   batch_sharding = sharder.data_sharding(tokens.shape, ("batch", "length"))
   tokens_sharded = jax.device_put(tokens, batch_sharding)
@@ -92,6 +95,30 @@ def test_sharded_logits_and_grads_equal_single_device():
     assert np.abs(ref_g).max() > 0, jax.tree_util.keystr(path)
     np.testing.assert_allclose(g, ref_g, rtol=1e-5, atol=1e-6,
                                err_msg=jax.tree_util.keystr(path))
+
+
+# --------------------------------------------------------------------------
+# hidden_states / unembed: the states every head reads
+
+
+def test_hidden_states_are_final_normed_and_give_forward_logits():
+  """hidden_states returns the stream after the final norm (what the LM
+  head and a reward model's value head read): divided by the final norm's
+  scale each vector has RMS 1; forward's logits (unembed of them) equal
+  h @ embed^T recomputed on the host (tied embeddings)."""
+  cfg = dataclasses.replace(CFG, tie_embeddings=True)
+  params = _random_params(cfg, seed=11)
+  tokens = _tokens((2, 9), seed=12)
+  pos, seg = _positions(2, 9), np.ones((2, 9), np.int32)
+  h, _ = jax.jit(functools.partial(transformer.hidden_states, cfg=cfg))(
+      params, tokens, pos, seg)
+  h = np.asarray(h, np.float64)
+  unit = h / np.asarray(params["final_norm"], np.float64)
+  np.testing.assert_allclose(np.sqrt((unit ** 2).mean(-1)), 1.0, rtol=1e-4)
+  logits = np.asarray(_logits(params, tokens, pos, seg, cfg))
+  np.testing.assert_allclose(
+      logits, h @ np.asarray(params["embed"], np.float64).T, rtol=1e-4,
+      atol=1e-4)
 
 
 # --------------------------------------------------------------------------

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import jax
-import jax.numpy as jnp
 import pytest
 
 from kimi_jax import plan
@@ -19,8 +19,9 @@ from kimi_jax.config import load_config, to_dataclass
 from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sampler.engine import Engine, EngineConfig
-from kimi_jax.sharding import (MeshConfig, Sharder, ShardingError, make_mesh,
-                               rules_from_config)
+from kimi_jax.sharding import (MeshConfig, Sharder, ShardingError,
+                               batch_shardings, make_mesh, rules_from_config)
+from kimi_jax.token_rows import empty_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "experiments", "tiny.py")
@@ -55,7 +56,7 @@ def test_plan_matches_allocated_arrays(config_path, sizes):
                     rules_from_config(config.sharding.rules))
   optimizer = ts.make_optimizer(ts.OptimizerConfig(
       learning_rate=config.rl.learning_rate, grad_clip=config.rl.grad_clip))
-  params = transformer.init_sharded(cfg, jax.random.key(0), sharder)
+  params = transformer.init_sharded(cfg, 0, sharder)
   state = ts.create_state(params, optimizer,
                           ts.state_shardings(optimizer, cfg, sharder))
   engine = Engine(cfg, EngineConfig(max_slots=config.sampler.max_slots,
@@ -69,7 +70,7 @@ def test_plan_matches_allocated_arrays(config_path, sizes):
   # note on constraining them in the train step).
   assert memory.grads == memory.params
   assert memory.kv_cache == _only_value(_bytes_per_device(cache))
-  assert memory.mesh == sizes
+  assert memory.mesh == {"context": 1} | sizes
 
 
 def test_unshardable_parameter_names_it():
@@ -104,7 +105,7 @@ def test_plans_a_pod_on_a_laptop():
 
 def test_activation_formula_by_hand():
   cfg = ModelConfig(vocab_size=32, d_model=64, n_layers=2, n_heads=4,
-                    n_kv_heads=2, head_dim=16, mlp_dim=256)
+                    n_kv_heads=2, head_dim=16, mlp_dim=256, attention="dot")
   sharder = Sharder(plan.abstract_mesh(dict(data=2, fsdp=2, tensor=2)))
   # D=64, H=4, K=2, Dh=16, F=256, V=32, L=2, float32, no remat.
   # 8 rows / (data*fsdp=4) = 2 local rows; heads, mlp, vocab halve.
@@ -123,58 +124,65 @@ def test_activation_formula_by_hand():
   # 3 rows cannot split over 4 batch shards: every device holds all 3.
   odd = plan.activation_estimate(cfg, sharder, rows=3, length=16)
   assert odd.boundaries == 2 * 3 * 16 * 64 * 4
+  # Blockwise / splash: one 8 x 8 block pair's scores, probs and dS (f32).
+  blocks = plan.activation_estimate(
+      ModelConfig(**{**vars(cfg), "attention": "blockwise",
+                     "attention_block": 8}), sharder, rows=8, length=16)
+  assert blocks.attention == 3 * 2 * 1 * 2 * 8 * 8 * 4
 
 
-def _launch_main():
-  spec = importlib.util.spec_from_file_location(
-      "launch_plan", os.path.join(ROOT, "launch", "plan.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.main
+def _launch(*args: str) -> str:
+  out = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch", "plan.py"), *args],
+      capture_output=True, text=True, check=True,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  return out.stdout
 
 
-def test_launch_warns_and_writes_json(tmp_path, capsys):
+@pytest.mark.slow
+def test_launch_warns_and_writes_json(tmp_path):
   out = tmp_path / "plan.json"
-  main = _launch_main()
-  assert main(["--config", TINY, "--mesh", "data=-1,fsdp=2,tensor=2",
-               "--num-devices", "8", "--device-memory-gb", "0.001",
-               "--json", str(out), "--config.sampler.max_slots=64"]) == 0
-  text = capsys.readouterr().out
+  text = _launch("--config", TINY, "--mesh", "data=-1,fsdp=2,tensor=2",
+                 "--num_devices", "8", "--device_memory_gb", "0.001",
+                 "--json", str(out), "--config.sampler.max_slots=64")
   assert "WARNING: total" in text and "exceeds the 0.001 GB" in text
   written = json.loads(out.read_text())
   expected = plan.plan_for_config(load_config(TINY, ["sampler.max_slots=64"]),
                                   dict(data=2, fsdp=2, tensor=2))
   assert written["total"] == expected.total
-  assert written["mesh"] == dict(data=2, fsdp=2, tensor=2)
-  assert main(["--config", TINY, "--mesh", "data=2,fsdp=2,tensor=2",
-               "--device-memory-gb", "16"]) == 0
-  assert "WARNING" not in capsys.readouterr().out
+  assert written["mesh"] == dict(data=2, fsdp=2, context=1, tensor=2)
+  text = _launch("--config", TINY, "--mesh", "data=2,fsdp=2,tensor=2",
+                 "--device_memory_gb", "16")
+  assert "WARNING" not in text
 
 
-def test_activation_estimate_tracks_the_compiler():
+@pytest.mark.parametrize("attention", ["dot", "blockwise"])
+def test_activation_estimate_tracks_the_compiler(attention):
   # XLA's own temp-buffer size for the compiled, sharded gradient of the
   # training loss (params and grads are arguments/outputs, not temps), with
   # remat as the long-CoT configs run. At T=512 the T x T attention term
-  # dominates, as it does at 32k.
+  # dominates with dense attention, as it does at 32k; blockwise attention
+  # and chunked log-probs (128 positions) replace it with block terms.
   config = load_config(QWEN_7B_TINY)
   cfg = dataclasses.replace(to_dataclass(ModelConfig, config.model, "model"),
-                            n_layers=8, max_seq_len=512, remat=True)
+                            n_layers=8, max_seq_len=512, remat=True,
+                            attention=attention, attention_block=128,
+                            logprob_chunk=128)
   sizes = dict(data=2, fsdp=2, tensor=2)
   sharder = Sharder(make_mesh(MeshConfig(**sizes)))
   rows, length = 8, 512
-  fields = dict(tokens=jnp.int32, targets=jnp.int32, mask=jnp.float32,
-                positions=jnp.int32, segment_ids=jnp.int32)
-  batch = {k: jax.ShapeDtypeStruct((rows, length), d)
-           for k, d in fields.items()}
+  batch = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct((rows, length), x.dtype),
+      empty_rows(1, 1, 0))
   params_sh = transformer.param_shardings(cfg, sharder)
   grad_fn = jax.jit(
       jax.grad(lambda p, b: ts.cross_entropy_loss(p, b, cfg=cfg,
                                                   sharder=sharder)[0]),
-      in_shardings=(params_sh, ts.batch_shardings(
-          sharder, {k: (rows, length) for k in fields})),
+      in_shardings=(params_sh, batch_shardings(sharder, batch)),
       out_shardings=params_sh)
   compiled = grad_fn.lower(transformer.abstract_params(cfg), batch).compile()
   xla_bytes = compiled.memory_analysis().temp_size_in_bytes
   estimate = plan.activation_estimate(
       cfg, Sharder(plan.abstract_mesh(sizes)), rows, length).total
-  assert estimate == pytest.approx(xla_bytes, rel=0.25)
+  # A quick estimate: within 40% of the compiler, on the safe side here.
+  assert estimate == pytest.approx(xla_bytes, rel=0.4)

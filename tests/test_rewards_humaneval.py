@@ -16,6 +16,9 @@ from kimi_jax.rewards.base import score_all
 from kimi_jax.rewards.code import CodeReward, humaneval_record
 from kimi_jax.sandbox import Sandbox
 
+# All 164 problems run in real sandboxes (about a minute).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def problems():

@@ -1,8 +1,12 @@
-"""Math reward: answer extraction, math-verify equivalence, process timeouts."""
+"""Math reward: extraction, the answer policy on an adversarial corpus, and
+hard deadlines (the verifier's worker pool)."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import fractions
+import json
+import os
 import threading
 import time
 
@@ -10,13 +14,23 @@ import pytest
 
 from kimi_jax.rewards.base import score_all
 from kimi_jax.rewards.math import MathReward, extract_answer, extract_boxed
+from kimi_jax.rewards.math_policy import (Rejected, period_of,
+                                          repeating_value, rewrite_notation,
+                                          shape, split_unit, strip_remark)
+from kimi_jax.rewards.registry import make_reward
 
 TIMEOUT_S = 2.0
+CORPUS = os.path.join(os.path.dirname(__file__), "data", "math_corpus.jsonl")
+FORMATS = [r"Thus the answer is $\boxed{{{}}}$.", "We get...\nAnswer: ${}$",
+           r"\boxed{{{}}}"]
 
 
 @pytest.fixture(scope="module")
 def reward():
   with MathReward(timeout_s=TIMEOUT_S, num_workers=2) as r:
+    # Verdicts, not start-up, are under test here: on a loaded machine the
+    # template's start-up alone can take the first wave's whole budget.
+    r.wait_ready()
     yield r
 
 
@@ -33,79 +47,158 @@ def reward():
     ("work...\n**Final Answer:** 42\n", "42"),
     ("Answer: 1\nmore thinking\nanswer: 2", "2"),
     (r"\boxed{12} then an unclosed \boxed{13", "12"),
+    ("Answer: 0.333...", "0.333..."),  # an ellipsis is not a full stop
     ("no final answer here", None),
 ])
 def test_extract_answer(response, expected):
   assert extract_answer(response) == expected
 
 
-def test_extract_boxed_is_linear_on_long_unbalanced_input():
-  text = r"\boxed{" + "{" * 200_000
-  start = time.monotonic()
-  assert extract_boxed(text) is None
-  assert time.monotonic() - start < 2.0
+@pytest.mark.parametrize("text", [
+    r"\boxed{" + "{" * 200_000,
+    r"\boxed{" * 50_000,  # each unclosed box used to rescan the rest
+    r"\boxed{1}" + r"\boxed{" * 50_000,
+])
+def test_extract_boxed_is_linear(text):
+  start = time.perf_counter()
+  got = extract_boxed(text)
+  assert got == ("1" if text.startswith(r"\boxed{1}") else None)
+  assert time.perf_counter() - start < 0.5
 
 
-# -- equivalence table (what math-verify 0.9 actually decides) ----------------
+# -- policy building blocks (pure) ---------------------------------------------
 
-EQUIVALENT = [
-    ("a^2-4", "(a+2)(a-2)"),  # the report's own example
-    ("x^2+2x+1", "(x+1)^2"),
-    (r"\frac{1}{2}", "0.5"),
-    ("0.5", r"\frac12"),
-    (r"\frac{1}{2}", "1/2"),
-    (r"\dfrac{3}{4}", "0.75"),
-    (r"\frac{1}{3}", "0.3333333"),  # within 6-digit float rounding
-    (r"\frac{\sqrt{2}}{2}", r"\sqrt{2}/2"),
-    (r"2\sqrt{3}", r"\sqrt{12}"),
-    ("[1,3)", "[1, 3)"),
-    (r"(-\infty, 0) \cup (1, \infty)", r"(-\infty,0)\cup(1,\infty)"),
-    (r"\{1,2,3\}", r"\{3,2,1\}"),
-    ("5", r"5\text{ cm}"),  # units are stripped
-    ("5", r"5 \mathrm{m}"),
-    (r"10\%", "0.1"),
-    ("1000", "1,000"),
-    ("90^\\circ", "90"),
-    ("x=2", "2"),
-    (r"\begin{pmatrix}1\\2\end{pmatrix}", r"\begin{pmatrix}1\\2\end{pmatrix}"),
-]
-
-NOT_EQUIVALENT = [
-    ("a^2-4", "(a+2)(a+2)"),
-    ("x^2+2x+1", "(x-1)^2"),
-    ("0.5", r"\frac{1}{3}"),
-    (r"\frac{1}{3}", "0.333"),  # too coarse
-    ("3", "-3"),
-    (r"\pi", "3.14"),
-    ("[1,3)", "[1,3]"),  # closedness matters
-    ("(1,3)", "[1,3]"),
-    (r"(-\infty, 0) \cup (1, \infty)", r"(-\infty,1)"),
-    (r"\{1,2\}", r"\{1,3\}"),
-    ("5", r"6\text{ cm}"),
-    (r"10\%", "0.2"),
-    (r"\frac{\pi}{2}", "90^\\circ"),
-]
-
-FORMATS = [r"Thus the answer is $\boxed{{{}}}$.", "We get...\nAnswer: ${}$",
-           r"\boxed{{{}}}"]
+@pytest.mark.parametrize("digits, expected", [
+    ("333", ("", "3")), ("1666", ("1", "6")), ("121212", ("", "12")),
+    ("142857142857", ("", "142857")), ("14159", None), ("5", None),
+])
+def test_period_of(digits, expected):
+  assert period_of(digits) == expected
 
 
-def _cases(pairs):
-  return [({"id": f"p{i}", "prompt": "", "answer": gold},
-           FORMATS[i % len(FORMATS)].format(pred))
-          for i, (gold, pred) in enumerate(pairs)]
+def test_repeating_value_is_exact():
+  assert repeating_value("0", "", "3") == fractions.Fraction(1, 3)
+  assert repeating_value("0", "1", "6") == fractions.Fraction(1, 6)
+  assert repeating_value("0", "", "9") == 1
+  assert repeating_value("2", "", "142857") == fractions.Fraction(15, 7)
 
 
-def test_equivalence_table(reward):
-  cases = _cases(EQUIVALENT) + _cases(NOT_EQUIVALENT)
+@pytest.mark.parametrize("text, expected", [
+    ("0.5", r"(\frac{1}{2})"),
+    ("1.25x", r"(\frac{5}{4})x"),
+    ("3e5", r"(3\times 10^{5})"),
+    (r"1\,000\,000", "1000000"),
+    ("1,000", "1000"),
+    ("1, 000", "1, 000"),  # a list, not a number
+    (r"0.\overline{3}", r"(\frac{1}{3})"),
+    (r"0.1\bar{6}", r"(\frac{1}{6})"),
+    ("0.(3)", r"(\frac{1}{3})"),
+    (r"0.999\ldots", "1"),
+    (r"\varnothing", r"\emptyset "),
+    (r"\langle 1, 2\rangle", "( 1, 2)"),
+])
+def test_rewrite_notation(text, expected):
+  assert rewrite_notation(text) == expected
+
+
+def test_ellipsis_without_a_period_is_rejected():
+  with pytest.raises(Rejected):
+    rewrite_notation(r"3.14159\ldots")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("5 (the positive root)", "5"),
+    (r"5 \text{ (since } x>0)", "5"),
+    ("5 (or 6)", "5 (or 6)"),  # a hedge stays, and then fails to parse
+    ("(1, 2)", "(1, 2)"),
+    ("f (x)", "f (x)"),  # not words
+    ("7 (x = 7 works)", "7 (x = 7 works)"),  # states a value
+])
+def test_strip_remark(text, expected):
+  assert strip_remark(text) == expected
+
+
+@pytest.mark.parametrize("text, value, unit_text, dims", [
+    (r"5\text{ cm}", "5", "cm", (("length", 1),)),
+    (r"6 \text{ cm}^2", "6", "cm^2", (("length", 2),)),
+    (r"10\,\mathrm{m/s}", "10", "m s^-1", (("length", 1), ("time", -1))),
+    (r"90^\circ", "90", "°", (("angle", 1),)),
+    (r"12 \text{ ways}", "12", "ways", ()),
+    ("2x", "2x", None, None),  # algebra, not a unit
+    ("x^2", "x^2", None, None),
+    (r"\text{yes}", r"\text{yes}", None, None),
+])
+def test_split_unit(text, value, unit_text, dims):
+  got_value, unit = split_unit(text)
+  assert got_value == value
+  if unit_text is None:
+    assert unit is None
+  else:
+    assert (unit.text, unit.dims) == (unit_text, dims)
+
+
+@pytest.mark.parametrize("text, expected", [
+    (r"\{1,2\}", "set"), ("1, 2", "list"), ("(1,2)", "pair"),
+    ("(1,2,3)", "tuple"), ("[1,3)", "interval"), (r"(1,\infty)", "interval"),
+    (r"(-\infty,0)\cup(1,\infty)", "interval"), (r"1 \le x < 3", "relation"),
+    ("x=2", "scalar"), (r"\frac{1}{2}", "scalar"), (r"\emptyset", "set"),
+    (r"x \in [0, 1]", "interval"), (r"\left(1, 2\right)", "pair"),
+])
+def test_shape(text, expected):
+  assert shape(text) == expected
+
+
+# -- the adversarial corpus, through score_all as the RL loop calls it ---------
+
+def _corpus() -> list[dict]:
+  with open(CORPUS) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def test_corpus_covers_the_issue_categories():
+  cats = {r["category"] for r in _corpus()}
+  for needed in ("ordered_vs_unordered", "units", "finite_vs_repeating",
+                 "finite_vs_irrational", "sample_point_trap", "sign_error",
+                 "permuted_tuple", "partial_solution_set",
+                 "close_rational_approximation", "near_miss_integer",
+                 "complex", "interval_inequality", "empty_set",
+                 "degrees_radians", "length_units", "scientific",
+                 "thin_space_groups", "repeating_decimal", "remark"):
+    assert needed in cats, needed
+
+
+@pytest.mark.slow
+def test_corpus_no_wrong_accepted_and_right_forms_accepted(reward):
+  rows = _corpus()
+  records = [{"id": f"c{i}", "prompt": "", "answer": r["gold"]}
+             for i, r in enumerate(rows)]
+  # Every pair in every response format.
+  cases = [(rec, FORMATS[k].format(row["pred"]), row)
+           for rec, row in zip(records, rows) for k in range(len(FORMATS))]
   results = score_all(reward, [c[0] for c in cases], [c[1] for c in cases])
-  expected = [True] * len(EQUIVALENT) + [False] * len(NOT_EQUIVALENT)
-  wrong = [(rec["answer"], resp, res) for (rec, resp), res, want
-           in zip(cases, results, expected) if res.correct != want]
-  assert not wrong, wrong
-  for res, want in zip(results, expected):
-    assert res.score == (1.0 if want else 0.0)
-    assert res.error is None  # every answer was found and compared
+  accepted_wrong = [(row["gold"], resp) for (_, resp, row), res
+                    in zip(cases, results) if res.correct and not row["correct"]]
+  assert accepted_wrong == []
+  right = [(row, res) for (_, _, row), res in zip(cases, results)
+           if row["correct"]]
+  rejected = [(row["gold"], row["pred"], res.info.get("reason"))
+              for row, res in right if not res.correct]
+  assert len(rejected) <= 0.05 * len(right), rejected
+  assert [r for r in rejected if any(
+      row["required"] and row["gold"] == r[0] and row["pred"] == r[1]
+      for row, _ in right)] == []
+  assert all(res.error is None for _, res in right)
+
+
+def test_a_few_policy_verdicts_fast(reward):
+  pairs = [(r"\{1,2\}", "(1,2)", False), (r"5\text{ m}", r"500\text{ cm}", True),
+           (r"\frac13", "0.333333", False), ("i", r"\sqrt{-1}", True),
+           (r"5\text{ m}", r"5\text{ cm}", False), ("1000", r"1\,000", True)]
+  results = reward.batch([{"id": str(i), "answer": g}
+                          for i, (g, _, _) in enumerate(pairs)],
+                         [rf"\boxed{{{p}}}" for _, p, _ in pairs])
+  assert [r.correct for r in results] == [want for _, _, want in pairs]
+  assert results[0].info["reason"] == "a pair answer for a set reference"
 
 
 def test_missing_answer_and_bad_record(reward):
@@ -122,46 +215,66 @@ def test_numeric_reference_answer(reward):
   assert res.correct and res.score == 1.0
 
 
-# -- pathological answers -----------------------------------------------------
+# -- time: every call returns within its budget ---------------------------------
 
-PATHOLOGICAL = [
+HOSTILE = [
     r"\boxed{10^{10^{10^{10}}}}",
     r"\boxed{9^{9^{9^{9}}}}",
     r"\boxed{1000000!}",
     r"\boxed{" + "(" * 450 + "1" + ")" * 450 + "}",
     r"\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}",
+    r"\boxed{" * 50_000,
     r"\boxed{" + "7" * (1 << 20) + "}",  # a megabyte of digits
-    "Answer: " + "1" * (3 << 20),
+    "Answer: " + "1" * (1 << 20),
+    "word " * (2 << 20 // 5),  # 2 MB of prose
     "[" * 200_000,
 ]
 
 
-def test_pathological_answers_return_incorrect_within_timeout(reward):
-  records = [{"id": f"x{i}", "prompt": "", "answer": "5"}
-             for i in range(len(PATHOLOGICAL))]
-  start = time.monotonic()
-  results = reward.batch(records, PATHOLOGICAL)
-  elapsed = time.monotonic() - start
-  assert [r.correct for r in results] == [False] * len(PATHOLOGICAL)
-  assert all(r.error for r in results), results
-  # The power towers never finish: they must have been cut by the pool.
-  assert results[0].error == "timeout" and results[1].error == "timeout"
-  # 2 workers, each timeout costs TIMEOUT_S plus a worker restart (~3 s on
-  # 2 busy cores); a hang would blow far past this.
-  assert elapsed < 60, elapsed
+@pytest.mark.slow
+def test_hostile_answers_each_return_within_budget(reward):
+  reward({"id": "warm", "answer": "1"}, r"\boxed{1}")  # start-up done
+  for response in HOSTILE:
+    start = time.perf_counter()
+    res = reward({"id": "h", "prompt": "", "answer": "5"}, response)
+    elapsed = time.perf_counter() - start
+    assert not res.correct and res.error, (response[:40], res)
+    assert elapsed < TIMEOUT_S, (response[:40], elapsed)
   # The replaced workers still check normally afterwards.
   ok = reward({"id": "ok", "prompt": "", "answer": "a^2-4"},
               r"\boxed{(a+2)(a-2)}")
   assert ok.correct, ok
 
 
-def test_single_timeout_is_bounded(reward):
-  start = time.monotonic()
+def test_timeout_is_an_error_and_restart_is_cheap(reward):
+  reward({"id": "warm", "answer": "1"}, r"\boxed{1}")
+  start = time.perf_counter()
   res = reward({"id": "t", "prompt": "", "answer": "1"},
                r"\boxed{2^{2^{2^{2^{2^{2}}}}}}")
+  elapsed = time.perf_counter() - start
   assert (res.correct, res.error) == (False, "timeout")
-  # Deadline plus at most one worker restart.
-  assert time.monotonic() - start < TIMEOUT_S + 15
+  assert TIMEOUT_S - 0.5 < elapsed < TIMEOUT_S
+  start = time.perf_counter()  # the next item does not wait for a start-up
+  assert reward({"id": "n", "answer": "2"}, r"\boxed{2}").correct
+  assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.slow
+def test_first_call_counts_start_up_in_the_budget():
+  """A fresh reward's very first call, on an answer that never finishes,
+  returns within the budget although the template is still starting."""
+  start = time.perf_counter()
+  with make_reward("math") as fresh:
+    res = fresh({"id": "h", "prompt": "", "answer": "5"}, HOSTILE[0])
+    elapsed = time.perf_counter() - start
+  assert (res.correct, res.error) == (False, "timeout")
+  assert elapsed < fresh.config.timeout_s, elapsed
+
+
+def test_registry_defaults_keep_a_margin():
+  with make_reward("math", start_eagerly=False) as r:
+    pool = r.config.pool_config()
+    assert pool.timeout_s == 5.0 and 0 < pool.margin_s <= 0.25
 
 
 # -- threads ------------------------------------------------------------------

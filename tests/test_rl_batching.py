@@ -1,6 +1,8 @@
 """Packed minibatches: layout against a direct per-response reconstruction,
 and the loss and gradient against the unpacked layout."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +37,15 @@ def _groups(seed=0):
                         version=version,
                         finish_reason="stop" if last else None)
   return buf.complete_groups()
+
+
+def _params(seed):
+  return jax.jit(lambda: init_params(CFG, jax.random.key(seed), std=0.3))()
+
+
+def _seq_logp(params, mb):
+  return np.asarray(jax.jit(functools.partial(
+      trainer.seq_logp, cfg=CFG, sharder=None))(params, jax.device_put(mb)))
 
 
 def _minibatch(pack, old=False, rows=(2, 4, 8, 9), pad_to=4):
@@ -75,44 +86,48 @@ def test_row_buckets_divide_over_batch_shards():
 @pytest.mark.parametrize("old", [False, True])
 def test_layout_matches_each_response_built_directly(old):
   mb = _minibatch(pack=True, old=old)
+  rows = mb.rows
   groups = _groups()
-  R, T = mb["tokens"].shape
+  R, T = rows.shape
   assert (R, T) == (4, 16)  # 9 sequences of 2..13 input tokens in 4 rows
-  assert mb["valid"].tolist() == [1, 1, 1, 0]
+  assert mb.valid_P.tolist() == [1, 1, 1, 0]
   for p, (group, prompt) in enumerate(zip(groups, PROMPTS)):
     for j, traj in enumerate(group.trajectories):
       seq = list(prompt) + list(traj.tokens)
-      where = mb["seq"] == p * K + j
+      where = mb.seq_RxT == p * K + j
       (row,) = set(np.nonzero(where)[0])  # one sequence, one row
-      assert mb["tokens"][where].tolist() == seq[:-1]
-      assert mb["targets"][where].tolist() == seq[1:]
-      assert mb["positions"][where].tolist() == list(range(len(seq) - 1))
-      assert len(set(mb["segment_ids"][where].tolist())) == 1
+      assert rows.tokens_RxT[where].tolist() == seq[:-1]
+      assert rows.targets_RxT[where].tolist() == seq[1:]
+      assert rows.positions_RxT[where].tolist() == list(range(len(seq) - 1))
+      assert len(set(rows.segment_ids_RxT[where].tolist())) == 1
       versions = [v for n, v in SEGMENTS[p][j] for _ in range(n)]
       want_mask = [0.0] * (len(prompt) - 1) + [
           1.0 if old or v == VERSION else 0.0 for v in versions]
-      assert mb["mask"][where].tolist() == want_mask
-      assert mb["lengths"][p, j] == len(traj.tokens)
+      assert rows.mask_RxT[where].tolist() == want_mask
+      assert mb.lengths_PxK[p, j] == len(traj.tokens)
       lp = np.asarray(traj.logprobs)
-      np.testing.assert_allclose(mb["sampler_seq_logp"][p, j],
+      np.testing.assert_allclose(mb.sampler_seq_logp_PxK[p, j],
                                  lp[np.asarray(want_mask[len(prompt) - 1:])
                                     > 0].sum(), rtol=1e-6)
   # Segment ids differ between the sequences that share a row; padding is 0.
-  pad = mb["seq"] == 3 * K + 0  # the padding index P*K (P = 4 here)
-  assert (mb["segment_ids"][pad] == 0).all() and (mb["mask"][pad] == 0).all()
+  pad = mb.seq_RxT == 3 * K + 0  # the padding index P*K (P = 4 here)
+  assert (rows.segment_ids_RxT[pad] == 0).all()
+  assert (rows.mask_RxT[pad] == 0).all()
   for r in range(R):
-    seqs = set(mb["seq"][r][~pad[r]].tolist())
-    segs = set(mb["segment_ids"][r][~pad[r]].tolist())
+    seqs = set(mb.seq_RxT[r][~pad[r]].tolist())
+    segs = set(rows.segment_ids_RxT[r][~pad[r]].tolist())
     assert len(seqs) == len(segs)
 
 
 def _loss_and_grad(mb, rl, params, ref):
-  batch = dict(mb, reward=np.array([[1, 0, .5], [0, 0, 1], [1, 1, 0],
-                                    [0, 0, 0]], np.float32),
-               correct=np.array([[1, 0, 1], [0, 0, 1], [1, 1, 0], [0, 0, 0]],
-                                bool), ref_seq_logp=ref)
-  fn = lambda p: trainer.policy_loss(p, batch, cfg=CFG, rl=rl, sharder=None)
-  (loss, metrics), grads = jax.value_and_grad(fn, has_aux=True)(params)
+  batch = mb.replace(
+      reward_PxK=np.array([[1, 0, .5], [0, 0, 1], [1, 1, 0], [0, 0, 0]],
+                          np.float32),
+      correct_PxK=np.array([[1, 0, 1], [0, 0, 1], [1, 1, 0], [0, 0, 0]],
+                           bool), ref_seq_logp_PxK=ref)
+  fn = lambda p, b: trainer.policy_loss(p, b, cfg=CFG, rl=rl, sharder=None)
+  (loss, metrics), grads = jax.jit(jax.value_and_grad(fn, has_aux=True))(
+      params, jax.device_put(batch))
   return loss, metrics, grads
 
 
@@ -120,15 +135,12 @@ def _loss_and_grad(mb, rl, params, ref):
 def test_packed_loss_and_gradient_equal_the_unpacked_ones(loss):
   rl = RLConfig(iterations=1, prompts_per_iteration=4, samples_per_prompt=K,
                 minibatch_prompts=4, loss=loss, tau=0.5)
-  params = init_params(CFG, jax.random.key(0), std=0.3)
+  params = _params(0)
   packed, unpacked = _minibatch(pack=True), _minibatch(pack=False)
-  assert packed["tokens"].shape[0] < unpacked["tokens"].shape[0]
-  ref = np.asarray(trainer.seq_logp(
-      init_params(CFG, jax.random.key(1), std=0.3), unpacked, cfg=CFG,
-      sharder=None))
-  np.testing.assert_allclose(ref, trainer.seq_logp(
-      init_params(CFG, jax.random.key(1), std=0.3), packed, cfg=CFG,
-      sharder=None), rtol=1e-5, atol=1e-5)
+  assert packed.rows.shape[0] < unpacked.rows.shape[0]
+  ref = _seq_logp(_params(1), unpacked)
+  np.testing.assert_allclose(ref, _seq_logp(_params(1), packed), rtol=1e-5,
+                             atol=1e-5)
   got = _loss_and_grad(packed, rl, params, ref)
   want = _loss_and_grad(unpacked, rl, params, ref)
   np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
@@ -139,21 +151,28 @@ def test_packed_loss_and_gradient_equal_the_unpacked_ones(loss):
 
 
 def test_packed_seq_logp_equals_a_separate_forward_per_response():
-  params = init_params(CFG, jax.random.key(2), std=0.3)
+  params = _params(2)
   mb = _minibatch(pack=True, old=True)
-  got = np.asarray(trainer.seq_logp(params, mb, cfg=CFG, sharder=None))
+  got = _seq_logp(params, mb)
+
+  @jax.jit
+  def alone(params, seq_1xN):
+    n = seq_1xN.shape[1] - 1
+    logits, _ = forward(params, seq_1xN[:, :-1], jnp.arange(n)[None],
+                        jnp.ones((1, n), jnp.int32), cfg=CFG)
+    return token_logprobs(logits, seq_1xN[:, 1:])[0]
+
   for p, (group, prompt) in enumerate(zip(_groups(), PROMPTS)):
     for j, traj in enumerate(group.trajectories):
-      seq = jnp.array([list(prompt) + list(traj.tokens)], jnp.int32)
-      n = seq.shape[1] - 1
-      logits, _ = forward(params, seq[:, :-1], jnp.arange(n)[None],
-                          jnp.ones((1, n), jnp.int32), cfg=CFG)
-      lp = token_logprobs(logits, seq[:, 1:])[0, len(prompt) - 1:]
+      seq = np.array([list(prompt) + list(traj.tokens)], np.int32)
+      lp = np.asarray(alone(params, jax.device_put(seq)))[len(prompt) - 1:]
       np.testing.assert_allclose(got[p, j], float(lp.sum()), rtol=1e-5)
   assert (got[3] == 0).all()  # the padding prompt owns no tokens
 
 
 def test_packed_sums_drop_padding():
-  x = jnp.array([[1., 2., 3.], [4., 5., 6.]])
-  seq = jnp.array([[0, 0, 2], [1, 2, 1]])  # 2 = padding for n_seq = 2
-  np.testing.assert_allclose(losses.packed_sums(x, seq, 2), [3., 10.])
+  x = np.array([[1., 2., 3.], [4., 5., 6.]], np.float32)
+  seq = np.array([[0, 0, 2], [1, 2, 1]])  # 2 = padding for n_seq = 2
+  got = jax.jit(losses.packed_sums, static_argnums=2)(
+      *jax.device_put((x, seq)), 2)
+  np.testing.assert_allclose(got, [3., 10.])

@@ -14,7 +14,8 @@ import pytest
 
 from kimi_jax.config import ConfigError, load_config
 from kimi_jax import checkpoint as ckpt_lib
-from kimi_jax import run as run_lib
+from kimi_jax import job as job_lib
+from kimi_jax.experiment import parse_config
 from kimi_jax import train_step as ts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +39,7 @@ def micro(**overrides):
 ])
 def test_bad_config_is_rejected_naming_the_key(key, value, needle):
   with pytest.raises((ConfigError, ValueError), match=needle.replace(".", r"\.")):
-    run_lib.parse_config(micro(**{key: value}))
+    parse_config(micro(**{key: value}))
 
 
 @pytest.mark.parametrize("overrides,needle", [
@@ -51,7 +52,7 @@ def test_bad_config_is_rejected_naming_the_key(key, value, needle):
 ])
 def test_bad_queue_config_is_rejected_naming_the_key(overrides, needle):
   with pytest.raises((ConfigError, ValueError), match=needle.replace(".", r"\.")):
-    run_lib.parse_config(micro(**overrides))
+    parse_config(micro(**overrides))
 
 
 def test_micro_run_with_a_queue_keeps_every_group(tmp_path):
@@ -60,7 +61,7 @@ def test_micro_run_with_a_queue_keeps_every_group(tmp_path):
   and no response got more than the window per iteration."""
   cfg = micro(**{"rl.queued_prompts": 12, "rl.queued_min_tokens": 6,
                  "rl.iterations": 4, "checkpoint.every_iterations": 4})
-  run_lib.train_and_evaluate(cfg, str(tmp_path))
+  job_lib.train_and_evaluate(cfg, str(tmp_path))
   rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
   rl_rows = [r for r in rows if r["stage"] == "rl"]
   assert sum(r["queued_unstarted"] for r in rl_rows) > 0
@@ -68,17 +69,32 @@ def test_micro_run_with_a_queue_keeps_every_group(tmp_path):
   # took slots that freed up mid-window.
   wave = cfg.rl.prompts_per_iteration * cfg.rl.samples_per_prompt
   assert max(r["requests"] for r in rl_rows) > wave
-  host = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints")).restore_host()
-  trained = host["ledger"]["trained_groups"]
-  assert len(trained) == len(set(trained))
-  trajs = [t for g in host["buffer"]["groups"] for t in g]
-  in_flight = {t["group_id"] for t in trajs}
-  assert set(trained) | in_flight == set(range(host["buffer"]["next_group_id"]))
+  loop = ckpt_lib.Checkpointer(
+      str(tmp_path / "checkpoints")).restore_host()["loop"]
+  trajs = [t for g in loop["buffer"]["groups"] for t in g]
+  assert_consumed_once(loop, rl_rows)
   assert any(not t["segments"] for t in trajs)  # queued, not yet started
   for t in trajs:
     assert t["waited"] <= cfg.rl.max_wait_iterations
     for start, end, _ in t["segments"]:
       assert 1 <= end - start <= cfg.rl.token_budget
+
+
+def assert_consumed_once(loop: dict, rl_rows: list[dict]) -> None:
+  """Every group ever opened was consumed exactly once or is in flight.
+
+  The buffer numbers groups 0, 1, ...; the counters and the logged rows
+  (one per iteration) must both account for every id below next_group_id
+  that is no longer in flight.
+  """
+  in_flight = {t["group_id"] for g in loop["buffer"]["groups"] for t in g}
+  opened = loop["buffer"]["next_group_id"]
+  assert in_flight <= set(range(opened))
+  consumed = loop["counters"]["groups_consumed"]
+  assert consumed == opened - len(in_flight)
+  assert consumed == sum(r.get("groups_scored", 0) for r in rl_rows)
+  assert loop["counters"]["groups_trained"] == sum(
+      r.get("groups_trained", 0) for r in rl_rows)
 
 
 def test_unknown_and_mistyped_overrides_are_rejected():
@@ -88,9 +104,29 @@ def test_unknown_and_mistyped_overrides_are_rejected():
     load_config(TINY, ["--config.rl.iterations=many"])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("override,needle", [
+    ("--config.rl.iteratoins=3", "--config.rl.iteratoins: unknown key "
+     "'rl.iteratoins' (did you mean 'rl.iterations'?)"),
+    ("--config.rl.iterations=many", "--config.rl.iterations: expected int"),
+    ("--config.rl.tau=0", "config.rl.tau: must be > 0"),
+])
+def test_launcher_config_errors_name_the_key(tmp_path, override, needle):
+  """Through the real command line (ml_collections.config_flags): one clear
+  line naming the key, a non-zero exit, nothing run."""
+  out = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch", "tpu_run.py"), "--config",
+       TINY + ":micro", "--workdir", str(tmp_path / "w"), override],
+      capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode != 0
+  assert needle in out.stderr, out.stderr[-2000:]
+  assert "Traceback" not in out.stderr
+  assert not (tmp_path / "w").exists()
+
+
 def test_micro_run_writes_metrics_plots_and_bounded_compiles(tmp_path):
   cfg = micro(**{"log.plots": True})
-  summary = run_lib.train_and_evaluate(cfg, str(tmp_path))
+  summary = job_lib.train_and_evaluate(cfg, str(tmp_path))
   rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
   rl_rows = [r for r in rows if r["stage"] == "rl"]
   assert [r["step"] for r in rl_rows] == [1, 2, 3]
@@ -119,12 +155,12 @@ def test_micro_run_writes_metrics_plots_and_bounded_compiles(tmp_path):
       cfg.rl.train_len_buckets) * len(rows)
   # Handoff used the trainer's arrays directly.
   assert all(r["handoff_shared"] == 1.0 for r in rl_rows)
-  # launch/sample.py's logic prints completions from this run's checkpoint.
-  from kimi_jax.sampler import cli
-  results = cli.main(["--config", TINY + ":micro", "--checkpoint",
-                      str(tmp_path), "--prompt", "37 c2 =", "--prompt",
-                      "05 c1 =", "--num-samples", "2", "--greedy"])
+  # launch/sample.py's logic prints completions from this run's workdir.
+  from kimi_jax import workdir
+  results, lines = workdir.complete(str(tmp_path), ["37 c2 =", "05 c1 ="],
+                                    num_samples=2, greedy=True)
   assert [r.id for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+  assert lines[0].startswith("[prompt 0 sample 0]") and "37 c2 = ->" in lines[0]
   assert results[0].tokens == results[1].tokens  # greedy: seed-independent
   assert all(r.finish_reason in ("stop", "length", "repeat") and r.tokens
              for r in results)
@@ -141,10 +177,10 @@ def test_train_step_skips_non_finite_update():
   sharder = Sharder(make_mesh(MeshConfig(data=1), jax.devices()[:1]))
   opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=0.1))
   shardings = ts.state_shardings(opt, cfg, sharder)
-  params = transformer.init_sharded(cfg, jax.random.key(0), sharder)
+  params = transformer.init_sharded(cfg, 0, sharder)
   state = ts.create_state(params, opt, shardings)
   before = jax.device_get(state.params)
-  batch = {"x": jnp.ones((2,))}
+  batch = {"x": jax.device_put(np.ones((2,), np.float32))}
 
   def nan_loss(p, b):
     return jnp.sum(p["embed"]) * jnp.nan + b["x"].sum(), {}
@@ -161,13 +197,13 @@ def test_train_step_skips_non_finite_update():
 def test_divergence_stops_run_and_keeps_last_good_checkpoint(tmp_path):
   cfg = micro(**{"rl.learning_rate": 1e30, "rl.iterations": 4})
   with pytest.raises(ts.NonFiniteError, match="not finite"):
-    run_lib.train_and_evaluate(cfg, str(tmp_path))
+    job_lib.train_and_evaluate(cfg, str(tmp_path))
   ckpt = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
   host = ckpt.restore_host()
   assert host["stage"] == "rl"
   # The kept checkpoint holds finite params.
   from kimi_jax.model import transformer
-  model_cfg = run_lib.parse_config(cfg).model
+  model_cfg = parse_config(cfg).model
   import jax
   from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
   sharder = Sharder(make_mesh(MeshConfig(data=1), jax.devices()[:1]))
@@ -205,36 +241,33 @@ def test_sigkill_resume_loses_nothing_and_trains_nothing_twice(tmp_path):
   out, _ = proc.communicate(timeout=600)
   assert proc.returncode == 0, out[-3000:]
   assert kills >= 1
-  host = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints")).restore_host()
-  assert host["iteration"] == 6
-  trained = host["ledger"]["trained_groups"]
-  assert len(trained) == len(set(trained)), "a group was trained twice"
-  # Every group ever opened was trained or is still in flight: nothing lost.
-  in_flight = {t["group_id"] for g in host["buffer"]["groups"] for t in g}
-  opened = host["buffer"]["next_group_id"]
-  assert set(trained) | in_flight == set(range(opened))
-  assert not set(trained) & in_flight
+  loop = ckpt_lib.Checkpointer(
+      str(tmp_path / "checkpoints")).restore_host()["loop"]
+  assert loop["iteration"] == 6
   assert os.path.exists(tmp_path / "summary.json")
   # Resuming dropped the log rows past the checkpoint: each iteration once.
   rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
-  assert [r["step"] for r in rows if r["stage"] == "rl"] == list(range(1, 7))
+  rl_rows = [r for r in rows if r["stage"] == "rl"]
+  assert [r["step"] for r in rl_rows] == list(range(1, 7))
+  # Nothing lost, nothing trained twice.
+  assert_consumed_once(loop, rl_rows)
 
 
 def test_resume_restores_the_optimizer_state(tmp_path):
   """Without the per-iteration reset, a resumed run continues Adam's moments:
   it ends with the same params as an uninterrupted run."""
   common = {"rl.reset_optimizer": False, "rl.iterations": 4}
-  run_lib.train_and_evaluate(micro(**common), str(tmp_path / "a"))
-  run_lib.train_and_evaluate(micro(**dict(common, **{"rl.iterations": 2})),
+  job_lib.train_and_evaluate(micro(**common), str(tmp_path / "a"))
+  job_lib.train_and_evaluate(micro(**dict(common, **{"rl.iterations": 2})),
                              str(tmp_path / "b"))
-  run_lib.train_and_evaluate(micro(**common), str(tmp_path / "b"))
+  job_lib.train_and_evaluate(micro(**common), str(tmp_path / "b"))
   rows = [json.loads(l) for l in open(tmp_path / "a" / "metrics.jsonl")]
   trained = {r["step"] for r in rows if r["stage"] == "rl" and "loss" in r}
   # Adam had moments to carry over, and used them after the resume.
   assert trained & {1, 2} and trained & {3, 4}, trained
   import jax
   from kimi_jax.model import transformer
-  model_cfg = run_lib.parse_config(micro(**common)).model
+  model_cfg = parse_config(micro(**common)).model
   from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
   sharder = Sharder(make_mesh(MeshConfig(data=1), jax.devices()[:1]))
   like = transformer.abstract_params(model_cfg)

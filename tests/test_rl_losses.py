@@ -11,6 +11,9 @@ from kimi_jax.model.config import ModelConfig
 from kimi_jax.model.transformer import forward, init_params, token_logprobs
 from kimi_jax.rl.losses import baseline, mirror_descent_loss, rest_loss
 
+# Numerics of pure functions on host inputs (see tests/conftest.py).
+pytestmark = pytest.mark.host_inputs
+
 CFG = ModelConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2,
                   n_kv_heads=1, head_dim=8, mlp_dim=32)
 P, K, PROMPT, T = 2, 3, 3, 8          # T = total sequence length

@@ -34,13 +34,13 @@ REF_LEN = 48
 def params():
   # A larger init scale than training's 0.02 makes the next-token
   # distribution peaked, so greedy argmax has no near-ties.
-  return jax.jit(lambda key: transformer.init_params(CFG, key, std=0.2))(
-      jax.random.key(0))
+  return jax.jit(
+      lambda: transformer.init_params(CFG, jax.random.key(0), std=0.2))()
 
 
 @pytest.fixture(scope="module")
 def engine(params):
-  return Engine(CFG, ENGINE_CFG, params=params)
+  return Engine(CFG, ENGINE_CFG)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def _ref_logits(params, tokens_1xT):
 def _ref_logp(params, seq):
   row = np.zeros((1, REF_LEN), np.int32)
   row[0, :len(seq)] = seq
-  logits = np.asarray(_ref_logits(params, row), np.float64)
+  logits = np.asarray(_ref_logits(params, jax.device_put(row)), np.float64)
   return logits - np.log(np.exp(logits).sum(-1, keepdims=True))
 
 
@@ -84,6 +84,11 @@ def trainer_logprobs(params, prompt, response):
   return np.array([logp[n - 1 + i, t] for i, t in enumerate(response)])
 
 
+def results_of(sampler, params, requests, **kw):
+  """Sampler.generate's results, without its statistics."""
+  return sampler.generate(params, requests, **kw)[0]
+
+
 def _prompt(seed, n):
   return tuple(int(x) for x in np.random.default_rng(seed).integers(0, 64, n))
 
@@ -96,12 +101,11 @@ def test_greedy_matches_uncached_argmax_and_compiles_are_bounded(
     params, engine, sampler):
   reqs = [SampleRequest(i, p, max_new_tokens=m, sampling=GREEDY)
           for i, (p, m) in enumerate(MIXED)]
-  results = sampler.generate(reqs)
+  results, stats = sampler.generate(params, reqs)
   assert [r.id for r in results] == list(range(len(reqs)))
   for (prompt, m), res in zip(MIXED, results):
     assert res.tokens == tuple(greedy_reference(params, prompt, m))
     assert res.finish_reason == "length"
-  stats = sampler.last_stats
   assert stats.tokens_generated == sum(m for _, m in MIXED)
   assert 0 < stats.slot_utilisation <= 1
   counts = engine.compile_count()
@@ -111,7 +115,7 @@ def test_greedy_matches_uncached_argmax_and_compiles_are_bounded(
   assert counts["generate"] == 1 and counts["init_decode_state"] == 1
   assert counts["free_slots"] == 1
   assert not {"prefill", "insert", "free_resource"} & set(counts)
-  sampler.generate([SampleRequest("again", _prompt(9, 25), max_new_tokens=4,
+  results_of(sampler, params, [SampleRequest("again", _prompt(9, 25), max_new_tokens=4,
                                    sampling=GREEDY)])
   assert engine.compile_count() == counts
 
@@ -122,12 +126,12 @@ def test_logprobs_equal_trainer_logprobs(params, sampler):
               SamplingParams(seed=4, top_p=0.8), GREEDY]
   reqs = [SampleRequest(i, _prompt(10 + i, 4 + 3 * i), max_new_tokens=12,
                         sampling=s) for i, s in enumerate(settings)]
-  for req, res in zip(reqs, sampler.generate(reqs)):
+  for req, res in zip(reqs, results_of(sampler, params, reqs)):
     assert len(res.tokens) == 12
     want = trainer_logprobs(params, req.prompt, res.tokens)
     np.testing.assert_allclose(res.logprobs, want, atol=1e-4)
   # top_k=5 draws only among the model's 5 most likely tokens.
-  res = sampler.generate([reqs[2]])[0]
+  res = results_of(sampler, params, [reqs[2]])[0]
   seq = list(reqs[2].prompt) + list(res.tokens)
   logp = _ref_logp(params, seq)
   for i, t in enumerate(res.tokens):
@@ -145,39 +149,39 @@ def assert_same_results(got, want):
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
 
 
-def test_slot_reuse_and_batch_composition_do_not_change_results(sampler):
+def test_slot_reuse_and_batch_composition_do_not_change_results(params, sampler):
   target = SampleRequest("x", _prompt(50, 4), max_new_tokens=10,
                          sampling=SamplingParams(seed=42))
-  alone = sampler.generate([target])[0]
+  alone = results_of(sampler, params, [target])[0]
   # Longer prompts first fill every slot; the target then lands in a slot
   # whose cache still holds a longer previous sequence.
   others = [SampleRequest(i, _prompt(60 + i, 25), max_new_tokens=3 + i,
                           sampling=SamplingParams(seed=i)) for i in range(6)]
-  mixed = sampler.generate(others + [target])
+  mixed = results_of(sampler, params, others + [target])
   assert_same_results(mixed[-1:], [alone])
-  shuffled = sampler.generate([target] + others[::-1])
+  shuffled = results_of(sampler, params, [target] + others[::-1])
   assert_same_results(shuffled[:1], [alone])
   # Batched prefill: a request's prefill batch size depends on the mix, so
   # log-probs may differ by float rounding; tokens may not.
   assert_same_results(sorted(shuffled[1:], key=lambda r: r.id), mixed[:-1])
-  other_seed = sampler.generate([SampleRequest(
+  other_seed = results_of(sampler, params, [SampleRequest(
       "x", target.prompt, max_new_tokens=10,
       sampling=SamplingParams(seed=43))])[0]
   assert other_seed.tokens != alone.tokens
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(seed=7)])
-def test_budget_stop_then_continue_equals_uninterrupted(sampler, sampling):
+def test_budget_stop_then_continue_equals_uninterrupted(params, sampler, sampling):
   req = SampleRequest("r", _prompt(70, 6), max_new_tokens=20,
                       sampling=sampling, budget=7)
-  whole = sampler.generate([SampleRequest("r", req.prompt, max_new_tokens=20,
+  whole = results_of(sampler, params, [SampleRequest("r", req.prompt, max_new_tokens=20,
                                           sampling=sampling)])[0]
-  first = sampler.generate([req])[0]
+  first = results_of(sampler, params, [req])[0]
   assert first.finish_reason == "budget" and len(first.tokens) == 7
   second_req = continuation(req, first, budget=7)
-  second = sampler.generate([second_req])[0]
+  second = results_of(sampler, params, [second_req])[0]
   assert second.finish_reason == "budget" and len(second.tokens) == 7
-  last = sampler.generate([continuation(second_req, second)])[0]
+  last = results_of(sampler, params, [continuation(second_req, second)])[0]
   assert last.finish_reason == "length" and len(last.tokens) == 6
   assert first.tokens + second.tokens + last.tokens == whole.tokens
   np.testing.assert_allclose(first.logprobs + second.logprobs + last.logprobs,
@@ -189,7 +193,7 @@ def test_stop_tokens_and_first_token_finishes(params, sampler):
   ref = greedy_reference(params, prompt, 12)
   stop = ref[4]
   cut = ref.index(stop) + 1
-  res = sampler.generate([
+  res = results_of(sampler, params, [
       SampleRequest("stop", prompt, max_new_tokens=12, sampling=GREEDY,
                     stop_tokens=(63 - stop, stop)),
       SampleRequest("first-stop", prompt, max_new_tokens=12, sampling=GREEDY,
@@ -216,7 +220,7 @@ def test_window_admits_queued_requests_into_freed_slots(params, engine):
   max_new = [3, 10, 10, 10, 4, 10, 10, 10]
   reqs = [SampleRequest(i, _prompt(300 + i, 4 + i), max_new_tokens=m,
                         sampling=GREEDY) for i, m in enumerate(max_new)]
-  res = windowed.generate(reqs, window=8, min_admit=3)
+  res, st = windowed.generate(params, reqs, window=8, min_admit=3)
   want = [(3, "length"), (8, "budget"), (8, "budget"), (8, "budget"),
           (4, "length"), (3, "budget"), None, None]
   got = [None if r is None else (len(r.tokens), r.finish_reason) for r in res]
@@ -225,13 +229,13 @@ def test_window_admits_queued_requests_into_freed_slots(params, engine):
     if r is not None:  # a slot taken mid-window decodes like a fresh one
       assert r.tokens == tuple(greedy_reference(params, req.prompt,
                                                 len(r.tokens)))
-  st = windowed.last_stats
   assert (st.requests, st.decode_steps) == (6, 7)
   assert st.tokens_generated == 3 + 3 * 8 + 4 + 3
   # Without a window the same requests all run to their end.
-  assert all(r.finish_reason == "length" for r in windowed.generate(reqs))
+  assert all(r.finish_reason == "length"
+             for r in results_of(windowed, params, reqs))
   with pytest.raises(ValueError, match="min_admit"):
-    windowed.generate(reqs, window=8, min_admit=0)
+    results_of(windowed, params, reqs, window=8, min_admit=0)
 
 
 def _first_repeat(response, ngram, times):
@@ -252,7 +256,7 @@ def test_repeat_detector_stops_looping_responses(params, engine):
   reqs = [SampleRequest(i, _prompt(90 + i, 3 + i), max_new_tokens=30,
                         sampling=GREEDY) for i in range(6)]
   caught = 0
-  for req, res in zip(reqs, looping.generate(reqs)):
+  for req, res in zip(reqs, results_of(looping, params, reqs)):
     full = greedy_reference(params, req.prompt, 30)
     end = _first_repeat(full, 2, 3)
     if end is None or end == len(full):  # "length" outranks "repeat"
@@ -264,7 +268,7 @@ def test_repeat_detector_stops_looping_responses(params, engine):
 
 
 def test_bad_requests_raise_naming_id_and_field_before_any_work(params):
-  fresh = Engine(CFG, ENGINE_CFG, params=params)
+  fresh = Engine(CFG, ENGINE_CFG)
   good = SampleRequest("good", (1, 2, 3), max_new_tokens=5)
   bad = [
       SampleRequest("long", tuple(range(40)), max_new_tokens=5),
@@ -281,7 +285,7 @@ def test_bad_requests_raise_naming_id_and_field_before_any_work(params):
       SampleRequest("prefix", (1, 2), prefix=(3, 4, 5), max_new_tokens=3),
   ]
   with pytest.raises(SampleRequestError) as info:
-    Sampler(fresh).generate([good] + bad)
+    Sampler(fresh).generate(params, [good] + bad)
   got = {(rid, field) for rid, field, _ in info.value.problems}
   assert got == {("long", "prompt"), ("empty", "prompt"),
                  ("budget", "budget"), ("temp", "sampling.temperature"),
@@ -301,10 +305,12 @@ def sharder():
 
 def test_mesh_engine_matches_single_device(params, sampler, sharder):
   mesh_engine = Engine(CFG, ENGINE_CFG, sharder=sharder)
-  report = mesh_engine.load_params(params)  # single-device -> mesh
+  # single-device -> mesh
+  mesh_params, report = handoff.place_params(params,
+                                             mesh_engine.param_shardings)
   assert report.kind == "resharded" and report.seconds >= 0
-  assert mesh_engine.params["layers"]["wq"].sharding.spec == P(
-      None, "fsdp", "tensor", None)
+  assert mesh_params["layers"]["wq"].sharding.spec == P(
+      None, ("fsdp", "context"), "tensor", None)
   state = mesh_engine.init_decode_state()
   assert state.cache.k.sharding.spec == P(None, ("data", "fsdp"), None,
                                           "tensor", None)
@@ -312,8 +318,9 @@ def test_mesh_engine_matches_single_device(params, sampler, sharder):
           for i, (p, m) in enumerate(MIXED)]
   reqs.append(SampleRequest("s", _prompt(5, 9), max_new_tokens=8,
                             sampling=SamplingParams(seed=3)))
-  on_mesh = Sampler(mesh_engine, NO_REPEAT, steps_per_call=3).generate(reqs)
-  single = sampler.generate(reqs)
+  on_mesh = results_of(Sampler(mesh_engine, NO_REPEAT, steps_per_call=3),
+                       mesh_params, reqs)
+  single = results_of(sampler, params, reqs)
   assert [r.tokens for r in on_mesh] == [r.tokens for r in single]
   for a, b in zip(on_mesh, single):
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
@@ -322,20 +329,24 @@ def test_mesh_engine_matches_single_device(params, sampler, sharder):
 def test_handoff_shared_resharded_and_checkpoint(params, sharder, tmp_path):
   mesh_engine = Engine(CFG, ENGINE_CFG, sharder=sharder)
   trainer_params = jax.device_put(params, mesh_engine.param_shardings)
-  report = mesh_engine.load_params(trainer_params)
+  placed, report = handoff.place_params(trainer_params,
+                                        mesh_engine.param_shardings)
   assert report.kind == "shared"
-  for a, b in zip(jax.tree_util.tree_leaves(mesh_engine.params),
+  for a, b in zip(jax.tree_util.tree_leaves(placed),
                   jax.tree_util.tree_leaves(trainer_params)):
     assert a is b
   # The trainer shards differently (everything replicated): a copy.
   replicated = jax.device_put(params, sharder.replicated())
-  report = mesh_engine.load_params(replicated)
+  placed, report = handoff.place_params(replicated,
+                                        mesh_engine.param_shardings)
   assert report.kind == "resharded"
   # Another process: through an Orbax checkpoint, into our shardings.
   handoff.save_params(str(tmp_path / "params"), params)
-  report = mesh_engine.load_checkpoint(str(tmp_path / "params"))
+  restored, report = handoff.restore_params(
+      str(tmp_path / "params"), transformer.abstract_params(CFG),
+      mesh_engine.param_shardings)
   assert report.kind == "checkpoint" and report.seconds > 0
-  for got, want, sh in zip(jax.tree_util.tree_leaves(mesh_engine.params),
+  for got, want, sh in zip(jax.tree_util.tree_leaves(restored),
                            jax.tree_util.tree_leaves(params),
                            jax.tree_util.tree_leaves(
                                mesh_engine.param_shardings)):
@@ -351,8 +362,13 @@ def test_mesh_rejects_slots_that_do_not_divide(sharder):
 # ---- batched admission ------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def mesh_engine(params, sharder):
-  return Engine(CFG, ENGINE_CFG, sharder=sharder, params=params)
+def mesh_engine(sharder):
+  return Engine(CFG, ENGINE_CFG, sharder=sharder)
+
+
+@pytest.fixture(scope="module")
+def mesh_params(params, mesh_engine):
+  return handoff.place_params(params, mesh_engine.param_shardings)[0]
 
 
 def test_batch_buckets_default_and_validation():
@@ -389,8 +405,9 @@ def _host_state(state):
 
 @pytest.mark.parametrize("on_mesh", [False, True])
 def test_prefill_batch_and_insert_batch_match_one_at_a_time(
-    engine, mesh_engine, on_mesh):
+    params, mesh_params, engine, mesh_engine, on_mesh):
   eng = mesh_engine if on_mesh else engine
+  p = mesh_params if on_mesh else params
   short, long_ = BATCH_SEQS[:3], BATCH_SEQS[3:]
   # Row 1 of the short group stands for a request that finished on its first
   # token: it is not inserted. The short group (3 rows) pads to batch 4.
@@ -398,14 +415,14 @@ def test_prefill_batch_and_insert_batch_match_one_at_a_time(
   ref = eng.init_decode_state()
   got = eng.init_decode_state()
   for seqs, slots in plan:
-    prefix = eng.prefill_batch(eng.params, *map(list, zip(*seqs)))
+    prefix = eng.prefill_batch(p, *map(list, zip(*seqs)))
     assert prefix.k.shape[1] == eng.batch_bucket_for(len(seqs))
     assert np.isfinite(np.asarray(prefix.logprob)).all()  # padding rows too
     for row, ((tokens, sampling, first), slot) in enumerate(zip(seqs, slots)):
-      one = eng.prefill(eng.params, tokens, sampling, first)
-      assert int(one.token) == int(prefix.token[row])
-      np.testing.assert_allclose(float(one.logprob), prefix.logprob[row],
-                                 atol=1e-5)
+      one = eng.prefill(p, tokens, sampling, first)
+      assert np.asarray(one.token)[0] == np.asarray(prefix.token)[row]
+      np.testing.assert_allclose(np.asarray(one.logprob)[0],
+                                 np.asarray(prefix.logprob)[row], atol=1e-5)
       n = len(tokens)
       np.testing.assert_allclose(np.asarray(one.k)[:, 0, :n],
                                  np.asarray(prefix.k)[:, row, :n], atol=1e-4)
@@ -424,21 +441,21 @@ def test_prefill_batch_and_insert_batch_match_one_at_a_time(
   for x, y in zip(a.sampling, b.sampling):
     np.testing.assert_array_equal(x, y)
   # The same continuation: greedy and seeded decode from both states.
-  got, tokens_got, logp_got = eng.generate(eng.params, got, 3)
-  ref, tokens_ref, logp_ref = eng.generate(eng.params, ref, 3)
-  got, t2_got, l2_got = eng.generate(eng.params, got, 3)
-  ref, t2_ref, l2_ref = eng.generate(eng.params, ref, 3)
+  got, tokens_got, logp_got = eng.generate(p, got, 3)
+  ref, tokens_ref, logp_ref = eng.generate(p, ref, 3)
+  got, t2_got, l2_got = eng.generate(p, got, 3)
+  ref, t2_ref, l2_ref = eng.generate(p, ref, 3)
   np.testing.assert_array_equal(np.concatenate([tokens_got, t2_got]),
                                 np.concatenate([tokens_ref, t2_ref]))
   np.testing.assert_allclose(np.concatenate([logp_got, l2_got]),
                              np.concatenate([logp_ref, l2_ref]), atol=1e-4)
 
 
-def test_insert_batch_skips_rows_and_leaves_other_slots_alone(engine):
-  state = engine.insert(engine.prefill(engine.params, _prompt(105, 6),
+def test_insert_batch_skips_rows_and_leaves_other_slots_alone(params, engine):
+  state = engine.insert(engine.prefill(params, _prompt(105, 6),
                                        GREEDY), engine.init_decode_state(), 2)
   before = _host_state(state)
-  prefix = engine.prefill_batch(engine.params, [_prompt(106, 4)] * 3,
+  prefix = engine.prefill_batch(params, [_prompt(106, 4)] * 3,
                                 [GREEDY] * 3, [0] * 3)
   after = _host_state(engine.insert_batch(prefix, state, [None, 0]))
   assert after.active.tolist() == [True, False, True, False]
@@ -448,15 +465,15 @@ def test_insert_batch_skips_rows_and_leaves_other_slots_alone(engine):
     engine.insert_batch(prefix, engine.init_decode_state(), [1, 1])
   with pytest.raises(ValueError, match="outside"):
     engine.insert_batch(prefix, engine.init_decode_state(), [4])
-  with pytest.raises(ValueError, match="prefill_batch"):
-    engine.insert_batch(engine.prefill(engine.params, (1, 2), GREEDY),
-                        engine.init_decode_state(), [0])
+  with pytest.raises(ValueError, match="2 slots for a prefix of 1 rows"):
+    engine.insert_batch(engine.prefill(params, (1, 2), GREEDY),
+                        engine.init_decode_state(), [0, 1])
 
 
-def test_free_slots_frees_exactly_the_masked_slots(engine):
+def test_free_slots_frees_exactly_the_masked_slots(params, engine):
   def full_state():
     prefix = engine.prefill_batch(
-        engine.params, [_prompt(110 + i, 3 + i) for i in range(4)],
+        params, [_prompt(110 + i, 3 + i) for i in range(4)],
         [SamplingParams(seed=i) for i in range(4)], [0] * 4)
     return engine.insert_batch(prefix, engine.init_decode_state(),
                                [0, 1, 2, 3])
@@ -480,14 +497,15 @@ def test_free_slots_frees_exactly_the_masked_slots(engine):
     engine.free_slots(got, np.ones((3,), bool))
 
 
-def one_at_a_time(engine, req):
+def one_at_a_time(engine, params, req):
   """Reference: one request alone in slot 0, through the single-request
   methods (prefill, insert, one-step generate, free_resource), with the
   driver's finish rules (stop > length > budget; no repeat detector)."""
-  prefix = engine.prefill(engine.params, req.prompt + req.prefix,
+  prefix = engine.prefill(params, req.prompt + req.prefix,
                           req.sampling, len(req.prefix))
   state = engine.insert(prefix, engine.init_decode_state(), 0)
-  tokens, logprobs = [int(prefix.token)], [float(prefix.logprob)]
+  tokens = [int(np.asarray(prefix.token)[0])]
+  logprobs = [float(np.asarray(prefix.logprob)[0])]
   budget = req.max_new_tokens if req.budget is None else req.budget
 
   def reason():
@@ -498,9 +516,9 @@ def one_at_a_time(engine, req):
     return "budget" if len(tokens) >= budget else None
 
   while reason() is None:
-    state, t, lp = engine.generate(engine.params, state, 1)
-    tokens.append(int(t[0, 0]))
-    logprobs.append(float(lp[0, 0]))
+    state, t, lp = engine.generate(params, state, 1)
+    tokens.append(int(np.asarray(t)[0, 0]))
+    logprobs.append(float(np.asarray(lp)[0, 0]))
   engine.free_resource(state, 0)
   return SampleResult(req.id, tuple(tokens), tuple(logprobs), reason())
 
@@ -546,8 +564,9 @@ def test_continuous_batching_matches_each_request_alone(params, engine,
                                                         sampler, monkeypatch):
   reqs = _mixed_requests(params, 17, seed=3)
   calls = _recording(engine, monkeypatch)
-  results = sampler.generate(reqs)
-  want = [one_at_a_time(engine, r) for r in reqs]
+  results, stats = sampler.generate(params, reqs)
+  calls = list(calls)  # the reference below calls the engine too
+  want = [one_at_a_time(engine, params, r) for r in reqs]
   assert_same_results(results, want)
   reasons = [r.finish_reason for r in results]
   assert {"stop", "length", "budget"} <= set(reasons)
@@ -556,7 +575,6 @@ def test_continuous_batching_matches_each_request_alone(params, engine,
   # Admission really was batched, in more than one length bucket.
   assert len(calls) < len(reqs) and max(n for _, n in calls) > 1
   assert len({t for t, _ in calls}) == 2
-  stats = sampler.last_stats
   assert stats.requests == len(reqs)
   assert stats.tokens_generated == sum(len(r.tokens) for r in results)
   assert stats.prefill_tokens == sum(len(r.prompt) + len(r.prefix)
@@ -566,11 +584,11 @@ def test_continuous_batching_matches_each_request_alone(params, engine,
 
 def test_compiles_bounded_by_length_and_batch_buckets_used(params,
                                                            monkeypatch):
-  fresh = Engine(CFG, ENGINE_CFG, params=params)
+  fresh = Engine(CFG, ENGINE_CFG)
   calls = _recording(fresh, monkeypatch)
   sampler = Sampler(fresh, NO_REPEAT, steps_per_call=2)
-  sampler.generate(_mixed_requests(params, 11, seed=4))
-  sampler.generate([SampleRequest(i, _prompt(120 + i, 3 + 5 * i),
+  results_of(sampler, params, _mixed_requests(params, 11, seed=4))
+  results_of(sampler, params, [SampleRequest(i, _prompt(120 + i, 3 + 5 * i),
                                   max_new_tokens=4 + i) for i in range(6)])
   counts = fresh.compile_count()
   used_t, used_n = {t for t, _ in calls}, {n for _, n in calls}
@@ -581,26 +599,28 @@ def test_compiles_bounded_by_length_and_batch_buckets_used(params,
   assert not {"prefill", "insert", "free_resource"} & set(counts)
   # The first mix again: the same shapes, nothing new to compile.
   seen = set(calls)
-  sampler.generate(_mixed_requests(params, 11, seed=4))
+  results_of(sampler, params, _mixed_requests(params, 11, seed=4))
   assert set(calls) == seen and fresh.compile_count() == counts
 
 
 def test_warm_up_admission_compiles_every_shape_ahead(params):
-  fresh = Engine(CFG, ENGINE_CFG, params=params)
+  fresh = Engine(CFG, ENGINE_CFG)
   assert fresh.warm_up_admission(params, lengths=[3, 7]) == 3  # 1 x (1, 2, 4)
   counts = fresh.compile_count()
   assert counts["prefill_batch"] == counts["insert_batch"] == 3
   Sampler(fresh, NO_REPEAT).generate(
-      [SampleRequest(i, _prompt(130 + i, 2 + i), max_new_tokens=3,
+      params, [SampleRequest(i, _prompt(130 + i, 2 + i), max_new_tokens=3,
                      sampling=GREEDY) for i in range(7)])
   assert {k: v for k, v in fresh.compile_count().items()
           if k != "generate"} == counts
 
 
 def test_batched_admission_on_mesh_matches_each_request_alone(
-    params, engine, mesh_engine):
+    params, mesh_params, engine, mesh_engine):
   reqs = _mixed_requests(params, 9, seed=5)
-  on_mesh = Sampler(mesh_engine, NO_REPEAT, steps_per_call=2).generate(reqs)
-  assert_same_results(on_mesh, [one_at_a_time(engine, r) for r in reqs])
+  on_mesh = results_of(Sampler(mesh_engine, NO_REPEAT, steps_per_call=2),
+                       mesh_params, reqs)
+  assert_same_results(on_mesh, [one_at_a_time(engine, params, r)
+                                for r in reqs])
   assert mesh_engine.compile_count()["free_slots"] == 1
 

@@ -9,6 +9,9 @@ from kimi_jax.sampler import sampling
 from kimi_jax.sampler.repetition import RepeatConfig, is_repeating
 from kimi_jax.sampler.sampling import SamplingParams, SlotSampling
 
+# Numerics of pure functions on host inputs (see tests/conftest.py).
+pytestmark = pytest.mark.host_inputs
+
 
 # Jitted once per shape: op-by-op execution would compile every primitive.
 _sample = jax.jit(sampling.sample_tokens)
@@ -137,3 +140,21 @@ def test_repeat_detector_disabled_and_config_checked():
     RepeatConfig(times=1)
   with pytest.raises(ValueError, match="repeat.ngram"):
     RepeatConfig(ngram=0)
+
+
+def test_int_key_sort_and_token_of_rank_match_top_k_with_ties():
+  """The sampling sort (one int32-key sort plus token_of_rank) gives top_k's
+  values and order exactly, ties (equal values, -0.0 / +0.0) included."""
+  rng = np.random.default_rng(0)
+  x = rng.integers(-3, 4, (6, 40)).astype(np.float32) / 2  # many ties
+  x[0, :5] = [0.0, -0.0, 0.0, -0.0, 1.0]
+  x[1] = rng.standard_normal(40).astype(np.float32)
+  x_BxV = jnp.asarray(x)
+  want_vals, want_order = jax.lax.top_k(x_BxV, 40)
+  got_vals = sampling.sorted_descending(x_BxV)
+  np.testing.assert_array_equal(np.asarray(got_vals).view(np.uint32),
+                                np.asarray(want_vals).view(np.uint32))
+  for r in range(40):
+    rank_B = jnp.full((6,), r, jnp.int32)
+    np.testing.assert_array_equal(
+        sampling.token_of_rank(x_BxV, got_vals, rank_B), want_order[:, r])

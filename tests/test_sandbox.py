@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -180,6 +183,66 @@ def test_classify_is_pure():
                   LIMITS).status == "memory_limit"
   assert classify(raw(returncode=1, status=b"\x01err"), "cpp",
                   LIMITS).status == "compile_error"
+  # Killed by the memory watchdog; a CPU-rlimit SIGKILL (caught SIGXCPU) or
+  # a parent exiting after its child's CPU kill: timeouts.
+  assert classify(raw(returncode=None, killed="memory_limit"), "javascript",
+                  LIMITS).status == "memory_limit"
+  assert classify(raw(returncode=128 + 9, cpu_limit_hit=True), "python",
+                  LIMITS).status == "timeout"
+  assert classify(raw(returncode=1, cpu_limit_hit=True), "python",
+                  LIMITS).status == "timeout"
+  assert classify(raw(returncode=128 + 9), "python",
+                  LIMITS).status == "runtime_error"
+
+
+# -- command line ---------------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("script", ["sandbox_server.py", "sandbox_run.py"])
+def test_every_limit_is_a_flag(script):
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script),
+                        "--help"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+  assert out.returncode == 0, out.stderr
+  for f in dataclasses.fields(SandboxLimits):
+    assert "--" + f.name.replace("_", "-") + " " in out.stdout, f.name
+
+
+def test_flags_build_the_limits():
+  import argparse
+  from kimi_jax.sandbox.flags import add_limit_flags, limits_from_args
+  p = argparse.ArgumentParser()
+  add_limit_flags(p)
+  limits = limits_from_args(p.parse_args(["--memory-mb", "300",
+                                          "--compile-wall-time-s", "7.5"]))
+  assert limits == dataclasses.replace(SandboxLimits(), memory_mb=300,
+                                       compile_wall_time_s=7.5)
+
+
+def test_sandbox_run_cli(tmp_path):
+  prog = tmp_path / "echo.py"
+  prog.write_text("import sys\nprint('got', sys.stdin.read().strip())\n")
+  stdin = tmp_path / "in.txt"
+  stdin.write_text("hello\n")
+  cmd = [sys.executable, os.path.join(ROOT, "launch", "sandbox_run.py"),
+         str(prog), "--stdin", str(stdin), "--json", "--memory-mb", "128"]
+  out = subprocess.run(cmd, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+  assert out.returncode == 0, out.stderr
+  result = json.loads(out.stdout)
+  assert (result["status"], result["stdout"]) == ("ok", "got hello\n")
+  bomb = tmp_path / "bomb.js"
+  bomb.write_text("const a = []; while (true) a.push(Buffer.alloc(1 << 24, 1));")
+  out = subprocess.run(cmd[:2] + [str(bomb), "--memory-mb", "128"],
+                       capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+  assert out.returncode == 1 and out.stdout.startswith(
+      "status: memory_limit"), out.stdout
+  out = subprocess.run(cmd[:2] + [str(tmp_path / "x.rs")], capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": ROOT})
+  assert out.returncode == 2 and "--lang" in out.stderr
 
 
 # -- HTTP service -------------------------------------------------------------

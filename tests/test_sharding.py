@@ -17,7 +17,7 @@ CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4,
 
 def test_init_sharded_places_only_a_shard_on_each_device():
   sharder = Sharder(make_mesh(MeshConfig(data=2, fsdp=2, tensor=2)))
-  params = transformer.init_sharded(CFG, jax.random.key(0), sharder)
+  params = transformer.init_sharded(CFG, 0, sharder)
   L, V, D, H, K, Dh, F = 2, 64, 32, 4, 2, 8, 64
   # Expected per-device shapes under the default rules: embed -> fsdp (2),
   # vocab / heads / kv_heads / mlp -> tensor (2), norms replicated.
@@ -54,7 +54,7 @@ def test_param_that_does_not_divide_raises_naming_it():
   sharder = Sharder(make_mesh(MeshConfig(data=2, fsdp=1, tensor=4)))
   with pytest.raises(ShardingError, match=r"\['layers'\]\['wk'\].*'kv_heads'"
                      r" of size 2 .*\('tensor',\) of size 4"):
-    transformer.init_sharded(cfg, jax.random.key(0), sharder)
+    transformer.init_sharded(cfg, 0, sharder)
 
 
 def test_vocab_that_does_not_divide_raises_naming_embed():
@@ -67,7 +67,7 @@ def test_vocab_that_does_not_divide_raises_naming_embed():
 
 def test_changed_rules_shard_heads_instead_of_vocab():
   rules = rules_from_config([["batch", ["data", "fsdp"]], ["length", None],
-                             ["embed", None], ["act_embed", None],
+                             ["act_length", None], ["embed", None], ["act_embed", None],
                              ["mlp", "tensor"], ["heads", "tensor"],
                              ["kv_heads", "tensor"], ["head_dim", None],
                              ["vocab", None], ["layers", None],
@@ -80,7 +80,7 @@ def test_changed_rules_shard_heads_instead_of_vocab():
 
 @pytest.mark.parametrize("mesh_cfg, pattern", [
     (MeshConfig(data=2, fsdp=2, tensor=3), r"'data': 2, 'fsdp': 2, "
-     r"'tensor': 3.* 12 devices but 8"),
+     r"'context': 1, 'tensor': 3.* 12 devices but 8"),
     (MeshConfig(data=-1, fsdp=1, tensor=3), r"8 devices do not divide.*"
      r"'tensor': 3"),
     (MeshConfig(data=-1, fsdp=-1, tensor=2), r"at most one axis.*'data', "

@@ -12,21 +12,34 @@ small model can only memorise for the pairs it trained on. So writing the
 steps out helps, and response length means something: the report's long-CoT
 story in miniature. Difficulty is n. Train and held-out problems are disjoint
 (x, n) pairs.
+
+`cot_style="detours"` is the long-CoT variant of the long2short experiment
+(docs/long2short.md): each step of a warm-start chain may first try wrong
+candidates, each rejected with `!` before the right state is written
+(`c4 81 ; c3 47 ! 12 ; ...`): explored-and-abandoned branches. A model
+trained on them learns to check every state it writes against the one
+before and to retry when the check fails, which rescues a sampled slip on a
+long chain (hard problems) and is wasted tokens on a short one (easy
+problems); a shorter policy can drop the deliberate detours and keep the
+check.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from kimi_jax.data.word_tokenizer import WordTokenizer
 from kimi_jax.rewards.base import RewardResult
+from kimi_jax.rewards.registry import MODEL_REWARDS
 
 N_STATES = 100
 MAX_STEPS = 9
+COT_STYLES = ("plain", "detours")
+RETRY = "!"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +54,15 @@ class PointerChaseConfig:
   # Share of train problems the warm start sees. RL sees them all, so most
   # RL problems cannot be answered from a memorised direct answer.
   warmstart_fraction: float = 0.25
+  # The RL reward: this task's exact verifier, or a reward model trained on
+  # its labels (kimi_jax/reward_models; held-out evaluation stays exact).
+  reward: str = "pointer_chase"
+  # "plain": a chain writes each state once. "detours": before each right
+  # state a warm-start chain tries up to `max_detours` wrong candidates, one
+  # more with probability `detour_rate` each time, each followed by `!`.
+  cot_style: str = "plain"
+  detour_rate: float = 0.0
+  max_detours: int = 0
 
   def __post_init__(self):
     if self.name != "pointer_chase":
@@ -54,9 +76,28 @@ class PointerChaseConfig:
     if not 0.0 < self.warmstart_fraction <= 1.0:
       raise ValueError(f"task.warmstart_fraction must be in (0, 1], got "
                        f"{self.warmstart_fraction}")
+    if self.reward != "pointer_chase" and self.reward not in MODEL_REWARDS:
+      raise ValueError(f"task.reward must be 'pointer_chase' or one of "
+                       f"{MODEL_REWARDS}, got {self.reward!r}")
     if not 0.0 <= self.direct_fraction <= 1.0:
       raise ValueError(f"task.direct_fraction must be in [0, 1], got "
                        f"{self.direct_fraction}")
+    if self.cot_style not in COT_STYLES:
+      raise ValueError(f"task.cot_style must be one of {COT_STYLES}, got "
+                       f"{self.cot_style!r}")
+    if not 0.0 <= self.detour_rate < 1.0:
+      raise ValueError(f"task.detour_rate must be in [0, 1), got "
+                       f"{self.detour_rate}")
+    if self.max_detours < 0:
+      raise ValueError(f"task.max_detours must be >= 0, got "
+                       f"{self.max_detours}")
+    if self.cot_style == "plain" and (self.detour_rate or self.max_detours):
+      raise ValueError("task.detour_rate / task.max_detours need "
+                       "task.cot_style='detours'")
+    if self.cot_style == "detours" and not (self.detour_rate and
+                                            self.max_detours):
+      raise ValueError("task.cot_style='detours' needs task.detour_rate > 0 "
+                       "and task.max_detours > 0")
 
 
 def state(s: int) -> str:
@@ -67,9 +108,12 @@ def counter(c: int) -> str:
   return f"c{c}"
 
 
-def tokenizer() -> WordTokenizer:
+def tokenizer(cot_style: str = "plain") -> WordTokenizer:
+  """The task's words; the detour style adds `!` at the end, so the ids of
+  the other words are the same in both styles."""
+  extra = (RETRY,) if cot_style == "detours" else ()
   return WordTokenizer(("=", ";", ">") + tuple(counter(c) for c in range(
-      MAX_STEPS + 1)) + tuple(state(s) for s in range(N_STATES)))
+      MAX_STEPS + 1)) + tuple(state(s) for s in range(N_STATES)) + extra)
 
 
 def permutation(seed: int) -> np.ndarray:
@@ -104,12 +148,42 @@ def make_problems(cfg: PointerChaseConfig, seed: int
   return train, held
 
 
-def cot_solution(record: Mapping[str, Any], perm: np.ndarray) -> str:
+def cot_solution(record: Mapping[str, Any], perm: np.ndarray,
+                 detours_per_step: Sequence[Sequence[int]] = ()) -> str:
+  """The chain, each step `c{k} s ;`; `detours_per_step[i]` lists wrong
+  states tried (each followed by `!`) before step i's right one."""
   n = record["n"]
   steps = chain(perm, record["x"], n)
-  body = " ".join(f"{counter(n - 1 - i)} {state(s)} ;"
-                  for i, s in enumerate(steps))
+  detours = list(detours_per_step) or [()] * n
+  if len(detours) != n:
+    raise ValueError(f"{len(detours)} detour lists for {n} steps")
+  body = " ".join(
+      " ".join([counter(n - 1 - i)] + [f"{state(w)} {RETRY}" for w in tried]
+               + [state(s), ";"])
+      for i, (s, tried) in enumerate(zip(steps, detours)))
   return f"{body} > {state(steps[-1])}"
+
+
+def draw_detours(record: Mapping[str, Any], perm: np.ndarray,
+                 cfg: PointerChaseConfig, rng: np.random.Generator
+                 ) -> list[list[int]]:
+  """Per step, the wrong candidates a detour-style chain tries: up to
+  `max_detours`, one more with probability `detour_rate` each time, each a
+  uniformly drawn state other than the right one."""
+  out = []
+  for right in chain(perm, record["x"], record["n"]):
+    tried = []
+    while len(tried) < cfg.max_detours and rng.random() < cfg.detour_rate:
+      wrong = int(rng.integers(N_STATES - 1))
+      tried.append(wrong + (wrong >= right))
+    out.append(tried)
+  return out
+
+
+def minimal_length(record: Mapping[str, Any]) -> int:
+  """Tokens of the shortest chain-of-thought solution, eos included: three
+  per step (`c3 12 ;`), the answer (`> 55`) and eos."""
+  return 3 * int(record["n"]) + 3
 
 
 def direct_solution(record: Mapping[str, Any]) -> str:
@@ -150,6 +224,11 @@ def warmstart_texts(records: list[dict], cfg: PointerChaseConfig, seed: int,
   for i in range(size):
     r = pool[i % len(pool)]
     direct = rng.random() < cfg.direct_fraction
-    out.append((r["prompt"], direct_solution(r) if direct else
-                cot_solution(r, perm)))
+    if direct:
+      out.append((r["prompt"], direct_solution(r)))
+    elif cfg.cot_style == "detours":
+      out.append((r["prompt"], cot_solution(
+          r, perm, draw_detours(r, perm, cfg, rng))))
+    else:
+      out.append((r["prompt"], cot_solution(r, perm)))
   return out

@@ -1,23 +1,80 @@
 """A task bundles a prompt set, its held-out split, a reward and a tokenizer.
 
-`make_task(task_section, seed, tokenizer)` is the one place the RL job learns
-what it trains on. Tasks:
+`make_task(task_cfg, seed, tokenizer)` is the one place the RL job learns
+what it trains on. Tasks, by `config.task.name`:
 
 - `pointer_chase`: the synthetic tiny task (kimi_jax.data.pointer_chase),
   with its own word tokenizer and exact verifier.
-- `jsonl`: problem records from JSONL files (`train_path`, `eval_path`), each
-  line an object with `prompt_field` and the reward's fields, scored by a
-  reward from `kimi_jax.rewards.registry` (math, code, reasoning_gym, ...).
+- `jsonl`: prompt sets from JSONL files (`train_path`, `eval_path`) loaded as
+  Grain data sources (kimi_jax.data.records: field names, bad-row policy),
+  scored by a reward from `kimi_jax.rewards.registry` (math, code,
+  reasoning_gym, ...), prompted through the checkpoint's chat template
+  unless `chat_template=False` (base models), with an optional
+  `system_prompt`.
+
+Benchmarks build a `kimi_jax.data.synthetic` task directly.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from typing import Any, Callable, Mapping, Sequence
+import os
+from typing import Any, Callable, Mapping, Sequence, Union
 
 from kimi_jax.data import pointer_chase
+from kimi_jax.data import records as records_lib
 from kimi_jax.rewards.base import RewardFn
+
+
+@dataclasses.dataclass(frozen=True)
+class JsonlTaskConfig:
+  """`config.task` for name='jsonl'; *_field name the JSONL fields."""
+
+  name: str = "jsonl"
+  train_path: str = ""
+  eval_path: str = ""
+  reward: str = "math"
+  prompt_field: str = "prompt"
+  answer_field: str = "answer"
+  difficulty_field: str = "difficulty"
+  tags_field: str = "tags"
+  tests_field: str = "tests"
+  # Instruct models: prompts go through the checkpoint's chat template.
+  chat_template: bool = True
+  system_prompt: str = ""
+  # A bad row: "error" stops before training, naming file, line and field;
+  # "skip" drops it and counts it in the load report.
+  on_bad_row: str = "error"
+
+  def __post_init__(self):
+    for key in ("train_path", "eval_path"):
+      if not getattr(self, key):
+        raise ValueError(f"config.task.{key} must be set for task 'jsonl'")
+    if self.on_bad_row not in records_lib.ON_BAD_ROW:
+      raise ValueError(f"config.task.on_bad_row must be one of "
+                       f"{records_lib.ON_BAD_ROW}, got "
+                       f"{self.on_bad_row!r}")
+
+
+TaskConfig = Union[pointer_chase.PointerChaseConfig, JsonlTaskConfig]
+_TASK_CONFIGS = {"pointer_chase": pointer_chase.PointerChaseConfig,
+                 "jsonl": JsonlTaskConfig}
+# Tasks that bring their own warm-start (SFT) pairs.
+_TASKS_WITH_WARMSTART = ("pointer_chase",)
+
+
+def task_config(section: Mapping[str, Any]) -> TaskConfig:
+  """The typed `config.task` section of the task it names."""
+  from kimi_jax.config import ConfigError, to_dataclass
+  name = section.get("name")
+  if name not in _TASK_CONFIGS:
+    raise ConfigError(f"config.task.name: unknown task {name!r} "
+                      f"(known: {sorted(_TASK_CONFIGS)})")
+  return to_dataclass(_TASK_CONFIGS[name], section, "task")
+
+
+def has_warmstart(cfg: TaskConfig) -> bool:
+  return cfg.name in _TASKS_WITH_WARMSTART
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,39 +88,19 @@ class Task:
   encode_prompt: Callable[[Mapping[str, Any]], list[int]]
   # Supervised warm-start pairs (prompt, solution text), if the task has them.
   warmstart: Callable[[int], list[tuple[str, str]]] | None = None
+  # Per-response length cap (record, sample index) -> tokens, below
+  # rl.max_response_len: a synthetic task forces lengths with it.
+  response_cap: Callable[[Mapping[str, Any], int], int] | None = None
+  # What loading each data file did (rows kept / skipped), by role
+  # ("task_train", "task_eval"), for the metrics log.
+  reports: Mapping[str, records_lib.LoadReport] = dataclasses.field(
+      default_factory=dict)
 
 
-def read_jsonl_records(path: str, prompt_field: str) -> list[dict]:
-  """Reads problem records; a bad line raises naming the file, line, field."""
-  records = []
-  with open(path) as f:
-    for lineno, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        rec = json.loads(line)
-      except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})"
-                         ) from None
-      if not isinstance(rec, dict):
-        raise ValueError(f"{path}:{lineno}: expected a JSON object")
-      if not isinstance(rec.get(prompt_field), str):
-        raise ValueError(f"{path}:{lineno}: field {prompt_field!r} missing or "
-                         f"not a string")
-      rec.setdefault("id", f"{path}:{lineno}")
-      rec["prompt"] = rec[prompt_field]
-      records.append(rec)
-  if not records:
-    raise ValueError(f"{path}: no records")
-  return records
-
-
-def _pointer_chase_task(section: Mapping[str, Any], seed: int,
+def _pointer_chase_task(cfg: pointer_chase.PointerChaseConfig, seed: int,
                         warmstart_size: int) -> Task:
-  from kimi_jax.config import to_dataclass
-  cfg = to_dataclass(pointer_chase.PointerChaseConfig, section, "task")
   train, held = pointer_chase.make_problems(cfg, seed)
-  tok = pointer_chase.tokenizer()
+  tok = pointer_chase.tokenizer(cfg.cot_style)
   return Task(
       name=cfg.name, train=train, eval=held,
       reward=pointer_chase.PointerChaseReward(), tokenizer=tok,
@@ -72,29 +109,106 @@ def _pointer_chase_task(section: Mapping[str, Any], seed: int,
                                                         warmstart_size))
 
 
-def _jsonl_task(section: Mapping[str, Any], tokenizer: Any) -> Task:
+# Which fields a row must have, by reward; other rewards read their own.
+_KIND_OF_REWARD = {"math": "math", "code": "code"}
+
+
+def verifier_name(reward: str) -> str:
+  """The rule-based reward of a jsonl task: `task.reward` itself, or
+  math-verify under a reward model (report 2.3.5 trains them for math; the
+  job swaps the model in for RL, held-out evaluation keeps math-verify)."""
+  from kimi_jax.rewards import registry
+  return "math" if registry.needs_model(reward) else reward
+
+
+def prompt_fields(cfg: JsonlTaskConfig) -> records_lib.PromptFields:
+  """The prompt-set schema of a jsonl task (field names, kind)."""
+  return records_lib.PromptFields(
+      kind=_KIND_OF_REWARD.get(verifier_name(cfg.reward), "open"),
+      prompt=cfg.prompt_field,
+      answer=cfg.answer_field, difficulty=cfg.difficulty_field,
+      tags=cfg.tags_field, tests=cfg.tests_field)
+
+
+def _jsonl_task(cfg: JsonlTaskConfig, tokenizer: Any,
+                max_prompt_tokens: int | None) -> Task:
+  from kimi_jax.model.tokenizer import prompt_ids
   from kimi_jax.rewards import registry
   if tokenizer is None:
     raise ValueError("task.name='jsonl' needs a tokenizer: set init_from_hf "
                      "to a local Hugging Face directory")
-  for key in ("train_path", "eval_path"):
-    if not section.get(key):
-      raise ValueError(f"config.task.{key} must be set for task 'jsonl'")
-  prompt_field = section.get("prompt_field", "prompt")
-  train = read_jsonl_records(section["train_path"], prompt_field)
-  held = read_jsonl_records(section["eval_path"], prompt_field)
-  reward = registry.make_reward(section.get("reward", "math"))
-  return Task(name="jsonl", train=train, eval=held, reward=reward,
-              tokenizer=tokenizer,
-              encode_prompt=lambda r: tokenizer.encode(r["prompt"]))
+  fields = prompt_fields(cfg)
+  encode = lambda r: prompt_ids(tokenizer, r["prompt"],
+                                chat_template=cfg.chat_template,
+                                system_prompt=cfg.system_prompt)
+  admit = None
+  if max_prompt_tokens is not None:
+    def admit(record):
+      n = len(encode(record))
+      if n > max_prompt_tokens:
+        raise records_lib.RowError(
+            cfg.prompt_field, f"{n} tokens as prompted, more than the "
+            f"{max_prompt_tokens} that leave room for a response "
+            f"(sampler.cache_len - rl.max_response_len)")
+  train = records_lib.load_prompt_source(
+      cfg.train_path, fields, on_bad_row=cfg.on_bad_row, admit=admit)
+  held = records_lib.load_prompt_source(
+      cfg.eval_path, fields, on_bad_row=cfg.on_bad_row, admit=admit)
+  return Task(name="jsonl", train=train, eval=held,
+              reward=registry.make_reward(verifier_name(cfg.reward)),
+              tokenizer=tokenizer, encode_prompt=encode,
+              reports={"task_train": train.report,
+                       "task_eval": held.report})
 
 
-def make_task(section: Mapping[str, Any], seed: int, tokenizer: Any = None,
-              warmstart_size: int = 4096) -> Task:
-  name = section.get("name")
-  if name == "pointer_chase":
-    return _pointer_chase_task(section, seed, warmstart_size)
-  if name == "jsonl":
-    return _jsonl_task(section, tokenizer)
-  raise ValueError(f"config.task.name: unknown task {name!r} "
-                   f"(known: pointer_chase, jsonl)")
+def check_data_config(task: TaskConfig, sft_steps: int,
+                      sft_train_path: str, sft_stage2_path: str = ""
+                      ) -> None:
+  """Fails before any weights load when the data the config asks for is not
+  there: the task's JSONL paths, and SFT data when `sft.steps` > 0.
+
+  Raises ValueError naming the config key.
+  """
+  if isinstance(task, JsonlTaskConfig):
+    for key in ("train_path", "eval_path"):
+      path = getattr(task, key)
+      if not os.path.isfile(path):
+        raise ValueError(f"config.task.{key}: file not found: {path}")
+  if sft_steps > 0 and sft_stage2_path:
+    if not isinstance(task, JsonlTaskConfig):
+      raise ValueError(
+          f"config.sft.stage2_train_path: SFT records are tokenized with the "
+          f"Hugging Face tokenizer and chat template of task 'jsonl', not "
+          f"task {task.name!r}")
+    if not os.path.isfile(sft_stage2_path):
+      raise ValueError(f"config.sft.stage2_train_path: file not found: "
+                       f"{sft_stage2_path}")
+  if sft_steps > 0:
+    if sft_train_path:
+      if not isinstance(task, JsonlTaskConfig):
+        raise ValueError(
+            f"config.sft.train_path: SFT records are tokenized with the "
+            f"Hugging Face tokenizer and chat template of task 'jsonl'; task "
+            f"{task.name!r} brings its own warm-start data (leave "
+            f"config.sft.train_path empty)")
+      if not os.path.isfile(sft_train_path):
+        raise ValueError(f"config.sft.train_path: file not found: "
+                         f"{sft_train_path}")
+    elif not has_warmstart(task):
+      raise ValueError(
+          f"config.sft.steps={sft_steps} asks for a warm start but "
+          f"config.sft.train_path is empty and task {task.name!r} has no "
+          f"warm-start data of its own; set config.sft.train_path or "
+          f"config.sft.steps=0")
+
+
+def make_task(cfg: TaskConfig, seed: int, tokenizer: Any = None,
+              warmstart_size: int = 4096,
+              max_prompt_tokens: int | None = None) -> Task:
+  """The task `cfg` names. max_prompt_tokens: a jsonl prompt longer than
+  this once tokenized (chat template included) is a bad row, rejected or
+  skipped by `task.on_bad_row` at load time rather than failing in the
+  sampler."""
+  if isinstance(cfg, pointer_chase.PointerChaseConfig):
+    return _pointer_chase_task(cfg, seed, warmstart_size)
+  return _jsonl_task(cfg, tokenizer, max_prompt_tokens)

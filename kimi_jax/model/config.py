@@ -36,6 +36,15 @@ class ModelConfig:
   compute_dtype: str = "float32"
   # Rematerialise each layer in the backward pass (memory for compute).
   remat: bool = False
+  # Attention of the training path and the prefill (kimi_jax/model/
+  # attention.py): "dot" (dense T x T), "blockwise" (online softmax, plain
+  # JAX), "splash" (Pallas TPU kernel), "auto" (splash on TPU, else
+  # blockwise). attention_block: query/key block length of the latter two.
+  attention: str = "auto"
+  attention_block: int = 512
+  # Log-probs of targets are computed this many positions at a time
+  # (kimi_jax/model/logprobs.py), so B x T x V logits never exist at once.
+  logprob_chunk: int = 1024
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
@@ -53,6 +62,14 @@ class ModelConfig:
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"model.{name} must be one of {sorted(_DTYPES)}, got "
                          f"{getattr(self, name)!r}")
+    attentions = ("dot", "blockwise", "splash", "auto")
+    if self.attention not in attentions:
+      raise ValueError(f"model.attention must be one of {attentions}, got "
+                       f"{self.attention!r}")
+    for name in ("attention_block", "logprob_chunk"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"model.{name} must be positive, got "
+                         f"{getattr(self, name)}")
     if self.rope_theta <= 0:
       raise ValueError(f"model.rope_theta must be positive, got "
                        f"{self.rope_theta}")

@@ -8,6 +8,9 @@ peaks around the local shards of one parameter plus one layer's tensor.
 
 Supported: `Qwen2ForCausalLM` (q/k/v biases) and `LlamaForCausalLM` without
 biases, both with default (unscaled) rotary embeddings and SiLU MLPs.
+`model_config_from_hf` / `merge_model_config` give a run its model section
+from a checkpoint; `export_hf_directory` writes a complete HF directory
+(weights, tokenizer, chat template, generation config).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 from typing import Any, Iterator, Mapping
 
 import jax
@@ -135,6 +139,75 @@ def config_from_hf(hf_config: Mapping[str, Any], *,
       max_seq_len=int(hf_config.get("max_position_embeddings",
                                     _DEFAULT_MAX_POSITIONS[arch])),
   )
+
+
+def model_config_from_hf(path: str) -> ModelConfig:
+  """ModelConfig of the Hugging Face directory `path` (its config.json).
+
+  Raises HFCheckpointError naming the file (and key) when config.json is
+  missing, not JSON, or describes a model we do not implement.
+  """
+  config_path = os.path.join(path, CONFIG_FILE)
+  if not os.path.isfile(config_path):
+    raise HFCheckpointError(f"{config_path}: not found; init_from_hf must "
+                            f"name a Hugging Face model directory")
+  with open(config_path) as f:
+    try:
+      raw = json.load(f)
+    except json.JSONDecodeError as exc:
+      raise HFCheckpointError(f"{config_path}: not valid JSON ({exc})"
+                              ) from None
+  if not isinstance(raw, dict):
+    raise HFCheckpointError(f"{config_path}: expected a JSON object")
+  return config_from_hf(raw, source=config_path)
+
+
+# Fields the run chooses (precision, memory, sequence length); every other
+# ModelConfig field is architecture and comes from the checkpoint.
+RUN_SETTINGS = ("param_dtype", "compute_dtype", "remat", "max_seq_len")
+# Where each architecture field lives in config.json, for error messages.
+_HF_KEYS = {
+    "vocab_size": "vocab_size", "d_model": "hidden_size",
+    "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+    "mlp_dim": "intermediate_size", "rope_theta": "rope_theta",
+    "norm_eps": "rms_norm_eps", "tie_embeddings": "tie_word_embeddings",
+    "qkv_bias": "architectures",
+}
+
+
+def _same(a: Any, b: Any) -> bool:
+  if isinstance(a, float) or isinstance(b, float):
+    return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
+  return a == b
+
+
+def merge_model_config(checkpoint: ModelConfig, explicit: Mapping[str, Any],
+                       *, source: str = CONFIG_FILE) -> ModelConfig:
+  """The checkpoint's architecture with the run's explicit `model.*` values.
+
+  explicit: the `config.model` keys the user set (e.g. on the command line).
+    Run settings (RUN_SETTINGS) replace the checkpoint's; an architecture
+    key must equal the checkpoint's value, or this raises naming
+    `config.model.<key>` and the config.json key it disagrees with.
+  source: names the checkpoint in error messages.
+  """
+  fields = {f.name for f in dataclasses.fields(ModelConfig)}
+  unknown = sorted(set(explicit) - fields)
+  if unknown:
+    raise HFCheckpointError(f"config.model: unknown keys {unknown} (known: "
+                            f"{sorted(fields)})")
+  for key, value in explicit.items():
+    if key in RUN_SETTINGS:
+      continue
+    ours = getattr(checkpoint, key)
+    if not _same(value, ours):
+      raise HFCheckpointError(
+          f"config.model.{key}={value!r} disagrees with the checkpoint "
+          f"{source} ({_HF_KEYS[key]} gives {ours!r}); drop the override "
+          f"or point init_from_hf at a matching checkpoint")
+  return dataclasses.replace(
+      checkpoint, **{k: v for k, v in explicit.items() if k in RUN_SETTINGS})
 
 
 def config_to_hf(cfg: ModelConfig, architecture: str | None = None
@@ -551,3 +624,82 @@ def export_hf_checkpoint(params: Params, cfg: ModelConfig, path: str, *,
     with open(os.path.join(path, INDEX_FILE), "w") as f:
       json.dump({"metadata": {"total_size": total}, "weight_map": weight_map},
                 f, indent=2, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------
+# A complete Hugging Face directory: weights, tokenizer, generation config
+
+# Tokenizer and chat-template files copied from the source checkpoint.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json",
+                   "merges.txt", "tokenizer.model")
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
+GENERATION_CONFIG = "generation_config.json"
+# config.json keys the source checkpoint decides and the run does not change.
+_KEPT_SOURCE_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id",
+                     "max_position_embeddings")
+
+
+def _read_source_config(source_dir: str) -> dict[str, Any]:
+  path = os.path.join(source_dir, CONFIG_FILE)
+  if not os.path.isfile(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def _generation_config(source_dir: str) -> dict[str, Any]:
+  """The source's generation_config.json, or one made from its tokenizer's
+  special ids (every stop id as eos_token_id)."""
+  path = os.path.join(source_dir, GENERATION_CONFIG)
+  if os.path.isfile(path):
+    with open(path) as f:
+      return json.load(f)
+  from kimi_jax.model.tokenizer import load_hf_tokenizer
+  tok = load_hf_tokenizer(source_dir)
+  out = {"eos_token_id": list(tok.stop_ids), "pad_token_id": tok.pad_id}
+  if tok.bos_id is not None:
+    out["bos_token_id"] = tok.bos_id
+  return out
+
+
+def export_hf_directory(params: Params, cfg: ModelConfig, path: str, *,
+                        source_dir: str | None = None,
+                        max_shard_bytes: int | None = None) -> None:
+  """Writes a Hugging Face directory that `transformers` (and vLLM, SGLang,
+  ...) loads as is: config.json and safetensors (`export_hf_checkpoint`),
+  plus, from `source_dir` (the checkpoint the run started from), the
+  tokenizer files, chat templates and generation_config.json.
+
+  The source decides the architecture name and the config.json keys the run
+  does not change (special token ids, max_position_embeddings). Without a
+  source only the weights and config.json are written (a model trained from
+  random init has no HF tokenizer). A source without generation_config.json
+  gets one from its tokenizer's eos / pad / bos ids.
+  """
+  source = _read_source_config(source_dir) if source_dir else {}
+  architecture = (_architecture(source, os.path.join(source_dir, CONFIG_FILE))
+                  if source else None)
+  export_hf_checkpoint(params, cfg, path, max_shard_bytes=max_shard_bytes,
+                       architecture=architecture)
+  if jax.process_index() != 0 or not source_dir:
+    return
+  config_path = os.path.join(path, CONFIG_FILE)
+  with open(config_path) as f:
+    hf_config = json.load(f)
+  hf_config.update({k: source[k] for k in _KEPT_SOURCE_KEYS if k in source})
+  with open(config_path, "w") as f:
+    json.dump(hf_config, f, indent=2, sort_keys=True)
+  copied = [name for name in TOKENIZER_FILES
+            if os.path.isfile(os.path.join(source_dir, name))]
+  if "tokenizer.json" not in copied and "tokenizer.model" not in copied:
+    raise HFCheckpointError(f"{source_dir}: no tokenizer.json or "
+                            f"tokenizer.model to export with the weights")
+  for name in copied:
+    shutil.copyfile(os.path.join(source_dir, name), os.path.join(path, name))
+  extra = os.path.join(source_dir, CHAT_TEMPLATE_DIR)
+  if os.path.isdir(extra):
+    shutil.copytree(extra, os.path.join(path, CHAT_TEMPLATE_DIR))
+  with open(os.path.join(path, GENERATION_CONFIG), "w") as f:
+    json.dump(_generation_config(source_dir), f, indent=2, sort_keys=True)

@@ -15,12 +15,14 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from kimi_jax.model import attention
 from kimi_jax.model.config import ModelConfig
+from kimi_jax.model.projection import project
 from kimi_jax.sharding import Sharder, constrain, tree_param_shardings
 
 Params = dict[str, Any]
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 class KVCache(NamedTuple):
@@ -113,10 +115,17 @@ def param_shardings(cfg: ModelConfig, sharder: Sharder) -> Params:
                               param_logical_axes(cfg))
 
 
-def init_sharded(cfg: ModelConfig, rng: jax.Array, sharder: Sharder) -> Params:
-  """Creates params directly in their shardings: no device holds them all."""
+def init_sharded(cfg: ModelConfig, seed: int, sharder: Sharder,
+                 std: float = 0.02) -> Params:
+  """Creates params directly in their shardings: no device holds them all.
+
+  The key is `jax.random.key(seed)`, made inside the jitted init.
+  """
   shardings = param_shardings(cfg, sharder)
-  return jax.jit(lambda r: init_params(cfg, r), out_shardings=shardings)(rng)
+  seed_array = jax.device_put(np.asarray(seed, np.uint32),
+                              sharder.replicated())
+  init = lambda s: init_params(cfg, jax.random.key(s), std)
+  return jax.jit(init, out_shardings=shardings)(seed_array)
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
@@ -129,7 +138,9 @@ def rms_norm(x_BxTxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
   x32 = x_BxTxD.astype(jnp.float32)
   normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) +
                                eps)
-  return (normed.astype(x_BxTxD.dtype) * scale_D.astype(x_BxTxD.dtype))
+  scale = scale_D.astype(x_BxTxD.dtype).reshape((1,) * (x_BxTxD.ndim - 1) +
+                                                 scale_D.shape)
+  return normed.astype(x_BxTxD.dtype) * scale
 
 
 def rotary(x_BxTxNxDh: jax.Array, positions_BxT: jax.Array,
@@ -138,7 +149,8 @@ def rotary(x_BxTxNxDh: jax.Array, positions_BxT: jax.Array,
   half = x_BxTxNxDh.shape[-1] // 2
   freq = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) * 2 /
                           x_BxTxNxDh.shape[-1]))
-  angle_BxTxHalf = positions_BxT.astype(jnp.float32)[..., None] * freq
+  angle_BxTxHalf = positions_BxT.astype(jnp.float32)[..., None] * freq[
+      None, None, :]
   cos = jnp.cos(angle_BxTxHalf)[:, :, None, :]
   sin = jnp.sin(angle_BxTxHalf)[:, :, None, :]
   x1 = x_BxTxNxDh[..., :half].astype(jnp.float32)
@@ -149,35 +161,56 @@ def rotary(x_BxTxNxDh: jax.Array, positions_BxT: jax.Array,
 
 def _attend(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS, cfg: ModelConfig,
             sharder: Sharder | None) -> jax.Array:
-  B, T, H, Dh = q_BxTxHxDh.shape
-  K = cfg.n_kv_heads
-  q_BxTxKxGxDh = q_BxTxHxDh.reshape(B, T, K, H // K, Dh)
-  scores = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxDh, k_BxSxKxDh,
-                      preferred_element_type=jnp.float32) / jnp.sqrt(
-                          jnp.float32(Dh))
-  scores = jnp.where(mask_BxTxS[:, None, None, :, :], scores, _MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxDh.dtype)
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, v_BxSxKxDh)
-  out = out.reshape(B, T, H, Dh)
+  del cfg
+  out = attention.dense(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS)
   return constrain(sharder, out, ("batch", "length", "heads", "head_dim"))
 
 
-def _layer(x_BxTxD, lp: Params, positions_BxT, mask_BxTxS, cache_kv,
-           write_idx_BxT, cfg: ModelConfig, sharder: Sharder | None):
-  """One pre-norm block. `cache_kv` is (k_BxSxKxDh, v_BxSxKxDh) or None."""
+def _qkv(x_BxTxD, lp: Params, positions_BxT, cfg: ModelConfig,
+         sharder: Sharder | None):
+  """Pre-norm query, key and value projections with rotary embeddings."""
   dt = cfg.compute_jnp_dtype
   h = rms_norm(x_BxTxD, lp["attn_norm"], cfg.norm_eps)
-  q = jnp.einsum("btd,dhk->bthk", h, lp["wq"].astype(dt))
-  k = jnp.einsum("btd,dhk->bthk", h, lp["wk"].astype(dt))
-  v = jnp.einsum("btd,dhk->bthk", h, lp["wv"].astype(dt))
+  q = project("btd,dhk->bthk", h, lp["wq"].astype(dt))
+  k = project("btd,dhk->bthk", h, lp["wk"].astype(dt))
+  v = project("btd,dhk->bthk", h, lp["wv"].astype(dt))
   if cfg.qkv_bias:
-    q, k, v = q + lp["bq"].astype(dt), k + lp["bk"].astype(dt), v + lp[
-        "bv"].astype(dt)
+    q = q + lp["bq"].astype(dt)[None, None]
+    k = k + lp["bk"].astype(dt)[None, None]
+    v = v + lp["bv"].astype(dt)[None, None]
   q = constrain(sharder, rotary(q, positions_BxT, cfg.rope_theta),
-                ("batch", "length", "heads", "head_dim"))
+                ("batch", "act_length", "heads", "head_dim"))
   k = constrain(sharder, rotary(k, positions_BxT, cfg.rope_theta),
-                ("batch", "length", "kv_heads", "head_dim"))
-  v = constrain(sharder, v, ("batch", "length", "kv_heads", "head_dim"))
+                ("batch", "act_length", "kv_heads", "head_dim"))
+  v = constrain(sharder, v, ("batch", "act_length", "kv_heads", "head_dim"))
+  return q, k, v
+
+
+def _residual_and_mlp(x_BxTxD, attn_BxTxHxDh, lp: Params, cfg: ModelConfig,
+                      sharder: Sharder | None) -> jax.Array:
+  """The attention output projection and residual, then the SwiGLU MLP."""
+  dt = cfg.compute_jnp_dtype
+  x_BxTxD = x_BxTxD + project("bthk,hkd->btd", attn_BxTxHxDh,
+                               lp["wo"].astype(dt))
+  x_BxTxD = constrain(sharder, x_BxTxD, ("batch", "act_length", "act_embed"))
+  h = rms_norm(x_BxTxD, lp["mlp_norm"], cfg.norm_eps)
+  gate = project("btd,df->btf", h, lp["w_gate"].astype(dt))
+  up = project("btd,df->btf", h, lp["w_up"].astype(dt))
+  act = constrain(sharder, jax.nn.silu(gate) * up,
+                  ("batch", "act_length", "mlp"))
+  x_BxTxD = x_BxTxD + project("btf,fd->btd", act, lp["w_down"].astype(dt))
+  return constrain(sharder, x_BxTxD, ("batch", "act_length", "act_embed"))
+
+
+def _layer(x_BxTxD, lp: Params, positions_BxT, mask_BxTxS, cache_kv,
+           write_idx_BxT, cfg: ModelConfig, sharder: Sharder | None,
+           segment_ids_BxT=None):
+  """One pre-norm block. `cache_kv` is (k_BxSxKxDh, v_BxSxKxDh) or None.
+
+  `mask_BxTxS` None: the new tokens attend only to each other (training, or
+  a prefill into an empty cache) with `cfg.attention` over `segment_ids_BxT`;
+  otherwise densely over the cache under that mask."""
+  q, k, v = _qkv(x_BxTxD, lp, positions_BxT, cfg, sharder)
   if cache_kv is None:
     keys, values, new_kv = k, v, None
   else:
@@ -188,25 +221,14 @@ def _layer(x_BxTxD, lp: Params, positions_BxT, mask_BxTxS, cache_kv,
     keys = ck.at[rows, write_idx_BxT].set(k.astype(ck.dtype), mode="drop")
     values = cv.at[rows, write_idx_BxT].set(v.astype(cv.dtype), mode="drop")
     new_kv = (keys, values)
-  attn = _attend(q, keys, values, mask_BxTxS, cfg, sharder)
-  x_BxTxD = x_BxTxD + jnp.einsum("bthk,hkd->btd", attn, lp["wo"].astype(dt))
-  x_BxTxD = constrain(sharder, x_BxTxD, ("batch", "length", "act_embed"))
-  h = rms_norm(x_BxTxD, lp["mlp_norm"], cfg.norm_eps)
-  gate = jnp.einsum("btd,df->btf", h, lp["w_gate"].astype(dt))
-  up = jnp.einsum("btd,df->btf", h, lp["w_up"].astype(dt))
-  act = constrain(sharder, jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
-  x_BxTxD = x_BxTxD + jnp.einsum("btf,fd->btd", act, lp["w_down"].astype(dt))
-  x_BxTxD = constrain(sharder, x_BxTxD, ("batch", "length", "act_embed"))
-  return x_BxTxD, new_kv
-
-
-def _packed_mask(segment_ids_BxT: jax.Array) -> jax.Array:
-  """Causal within a segment; segment 0 is padding and sees nothing."""
-  T = segment_ids_BxT.shape[1]
-  causal_TxT = jnp.tril(jnp.ones((T, T), bool))
-  same = segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :]
-  valid = (segment_ids_BxT != 0)[:, :, None]
-  return causal_TxT[None] & same & valid
+  if mask_BxTxS is None:
+    attn = constrain(sharder, attention.self_attention(
+        q, k, v, segment_ids_BxT, impl=cfg.attention,
+        block=cfg.attention_block, sharder=sharder),
+                     ("batch", "act_length", "heads", "head_dim"))
+  else:
+    attn = _attend(q, keys, values, mask_BxTxS, cfg, sharder)
+  return _residual_and_mlp(x_BxTxD, attn, lp, cfg, sharder), new_kv
 
 
 def _cached_mask(lengths_B: jax.Array, T: int, S: int) -> jax.Array:
@@ -215,55 +237,74 @@ def _cached_mask(lengths_B: jax.Array, T: int, S: int) -> jax.Array:
   return jnp.arange(S)[None, None, :] <= q_idx_BxT[:, :, None]
 
 
-def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
-            segment_ids_BxT: jax.Array, *, cfg: ModelConfig,
-            cache: KVCache | None = None, sharder: Sharder | None = None
-            ) -> tuple[jax.Array, KVCache | None]:
-  """Logits of every position, and the cache with the new tokens appended.
+def hidden_states(params: Params, tokens_BxT: jax.Array,
+                  positions_BxT: jax.Array, segment_ids_BxT: jax.Array, *,
+                  cfg: ModelConfig, cache: KVCache | None = None,
+                  prefill: bool = False, sharder: Sharder | None = None
+                  ) -> tuple[jax.Array, KVCache | None]:
+  """The final-norm hidden states x_BxTxD, and the updated cache.
 
   Without a cache, rows may hold several packed sequences (segment ids 1, 2,
-  ...; 0 marks padding) that never attend to each other. With a cache, each
-  row is one sequence: its T new tokens are right-padded (segment id 0 after
-  the real ones) and written at `cache.lengths`; `lengths` grows by the number
-  of real tokens.
-
-  Returns logits_BxTxV in float32.
+  ...; 0 marks padding) that never attend to each other; attention is
+  `cfg.attention` (kimi_jax/model/attention.py), never T x T unless "dot".
+  With a cache, each row is one sequence: its T new tokens are right-padded
+  (segment id 0 after the real ones) and written at `cache.lengths`;
+  `lengths` grows by the number of real tokens. `prefill=True` promises the
+  cache is empty (lengths 0): the new tokens then attend only to each other
+  with `cfg.attention` too, so a long prefill does not build T x S either.
   """
   dt = cfg.compute_jnp_dtype
   B, T = tokens_BxT.shape
   x = jnp.take(params["embed"], tokens_BxT, axis=0).astype(dt)
-  x = constrain(sharder, x, ("batch", "length", "act_embed"))
+  x = constrain(sharder, x, ("batch", "act_length", "act_embed"))
   if cache is None:
-    mask = _packed_mask(segment_ids_BxT)
-    write_idx = None
-    xs_cache = None
+    mask = write_idx = xs_cache = None
   else:
     S = cache.k.shape[2]
-    mask = _cached_mask(cache.lengths, T, S)
+    mask = None if prefill else _cached_mask(cache.lengths, T, S)
     write_idx = cache.lengths[:, None] + jnp.arange(T)[None, :]
     xs_cache = (cache.k, cache.v)
 
   def body(x_BxTxD, xs):
     lp, kv = xs
     return _layer(x_BxTxD, lp, positions_BxT, mask, kv, write_idx, cfg,
-                  sharder)
+                  sharder, segment_ids_BxT)
 
   if cfg.remat:
     body = jax.checkpoint(body, prevent_cse=False)
   x, new_kv = jax.lax.scan(body, x, (params["layers"], xs_cache))
   x = rms_norm(x, params["final_norm"], cfg.norm_eps)
+  if cache is None:
+    return x, None
+  n_new_B = jnp.sum(segment_ids_BxT != 0, axis=1).astype(jnp.int32)
+  return x, KVCache(k=new_kv[0], v=new_kv[1], lengths=cache.lengths + n_new_B)
+
+
+def unembed(params: Params, x_BxTxD: jax.Array, *, cfg: ModelConfig,
+            sharder: Sharder | None = None) -> jax.Array:
+  """Logits (float32) of hidden states x_BxTxD (any T, e.g. a chunk)."""
+  dt = cfg.compute_jnp_dtype
   if cfg.tie_embeddings:
-    logits = jnp.einsum("btd,vd->btv", x, params["embed"].astype(dt),
+    logits = jnp.einsum("btd,vd->btv", x_BxTxD, params["embed"].astype(dt),
                         preferred_element_type=jnp.float32)
   else:
-    logits = jnp.einsum("btd,dv->btv", x, params["lm_head"].astype(dt),
+    logits = jnp.einsum("btd,dv->btv", x_BxTxD, params["lm_head"].astype(dt),
                         preferred_element_type=jnp.float32)
-  logits = constrain(sharder, logits, ("batch", "length", "vocab"))
-  if cache is None:
-    return logits, None
-  n_new_B = jnp.sum(segment_ids_BxT != 0, axis=1).astype(jnp.int32)
-  return logits, KVCache(k=new_kv[0], v=new_kv[1],
-                         lengths=cache.lengths + n_new_B)
+  return constrain(sharder, logits, ("batch", "act_length", "vocab"))
+
+
+def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
+            segment_ids_BxT: jax.Array, *, cfg: ModelConfig,
+            cache: KVCache | None = None, prefill: bool = False,
+            sharder: Sharder | None = None
+            ) -> tuple[jax.Array, KVCache | None]:
+  """Logits_BxTxV (float32) of every position, and the updated cache (see
+  `hidden_states`). For log-probs of targets over long rows use
+  `kimi_jax.model.logprobs`, which never holds B x T x V."""
+  x, cache = hidden_states(params, tokens_BxT, positions_BxT, segment_ids_BxT,
+                           cfg=cfg, cache=cache, prefill=prefill,
+                           sharder=sharder)
+  return unembed(params, x, cfg=cfg, sharder=sharder), cache
 
 
 def token_logprobs(logits_BxTxV: jax.Array, targets_BxT: jax.Array
@@ -271,3 +312,123 @@ def token_logprobs(logits_BxTxV: jax.Array, targets_BxT: jax.Array
   """log p(target) at every position, in float32."""
   logp = jax.nn.log_softmax(logits_BxTxV.astype(jnp.float32), axis=-1)
   return jnp.take_along_axis(logp, targets_BxT[..., None], axis=-1)[..., 0]
+
+
+# The sampler calls `decode_step` once per generated token. `forward` runs the
+# layers in a lax.scan over stacked weights and a stacked cache: per token
+# that copies every layer's weights and cache slice out of the stacks and the
+# whole cache back into a fresh stack, and transposes each layer's keys and
+# values for the attention matmuls (measured: most of a CPU decode step that
+# is not matmul). Here the layers run unrolled, over weights split per layer
+# once per sampler call (`to_decode_params`) and over per-layer caches in the
+# layouts the attention matmuls read (`to_decode_cache`, once per engine
+# call): a token's cache write is an in-place scatter into its layer's
+# buffers. The arithmetic is
+# `forward`'s with T=1, op for op, so the numbers are the same bits
+# (tests/test_sampler_golden.py).
+
+
+class DecodeCache(NamedTuple):
+  """Per-layer caches as decoding reads them.
+
+  k[l]: keys, (B, K, S, Dh); vt[l]: values transposed, (B, K, Dh, S).
+  """
+
+  k: list[jax.Array]
+  vt: list[jax.Array]
+
+
+class DecodeParams(NamedTuple):
+  """Params as `decode_step` reads them: `layers` split per layer (a copy
+  of the layer weights), `top` the rest (embeddings, final norm, head)."""
+
+  top: Params
+  layers: list[Params]
+
+
+def to_decode_params(params: Params) -> DecodeParams:
+  top = {k: v for k, v in params.items() if k != "layers"}
+  return DecodeParams(top=top, layers=split_layers(params["layers"]))
+
+
+def split_layers(stacked: Any) -> list[Any]:
+  """Layer l of every leaf of a pytree stacked along a leading layer axis."""
+  n = jax.tree_util.tree_leaves(stacked)[0].shape[0]
+  return [jax.tree_util.tree_map(lambda x, l=l: x[l], stacked)
+          for l in range(n)]
+
+
+def to_decode_cache(cache: KVCache) -> DecodeCache:
+  """KVCache's (L, B, S, K, Dh) arrays as per-layer decode layouts."""
+  return DecodeCache(
+      k=[k.transpose(0, 2, 1, 3) for k in split_layers(cache.k)],
+      vt=[v.transpose(0, 2, 3, 1) for v in split_layers(cache.v)])
+
+
+def from_decode_cache(cache: DecodeCache, lengths_B: jax.Array) -> KVCache:
+  """The inverse of `to_decode_cache`."""
+  return KVCache(k=jnp.stack([k.transpose(0, 2, 1, 3) for k in cache.k]),
+                 v=jnp.stack([v.transpose(0, 3, 1, 2) for v in cache.vt]),
+                 lengths=lengths_B)
+
+
+def _decode_attend(q_Bx1xHxDh, k_BxKxSxDh, vt_BxKxDhxS, mask_Bx1xS,
+                   cfg: ModelConfig, sharder: Sharder | None) -> jax.Array:
+  """`_attend` for one query per row over the decode cache layouts."""
+  B, T, H, Dh = q_Bx1xHxDh.shape
+  K = cfg.n_kv_heads
+  q_BxTxKxGxDh = q_Bx1xHxDh.reshape(B, T, K, H // K, Dh)
+  scores = jnp.einsum("btkgd,bksd->bkgts", q_BxTxKxGxDh, k_BxKxSxDh,
+                      preferred_element_type=jnp.float32) / jnp.sqrt(
+                          jnp.float32(Dh))
+  scores = jnp.where(mask_Bx1xS[:, None, None, :, :], scores, attention.MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(vt_BxKxDhxS.dtype)
+  out = jnp.einsum("bkgts,bkds->btkgd", probs, vt_BxKxDhxS)
+  out = out.reshape(B, T, H, Dh)
+  return constrain(sharder, out, ("batch", "length", "heads", "head_dim"))
+
+
+def _decode_layer(x_Bx1xD, lp: Params, positions_Bx1, mask_Bx1xS,
+                  k_BxKxSxDh, vt_BxKxDhxS, cfg: ModelConfig,
+                  sharder: Sharder | None):
+  """`_layer` for one new token per row, writing it into the decode cache."""
+  q, k, v = _qkv(x_Bx1xD, lp, positions_Bx1, cfg, sharder)
+  rows_B = jnp.arange(x_Bx1xD.shape[0])
+  pos_B = positions_Bx1[:, 0]
+  # mode="drop": a write past the end of the cache is discarded.
+  k_BxKxSxDh = k_BxKxSxDh.at[rows_B, :, pos_B].set(
+      k[:, 0].astype(k_BxKxSxDh.dtype), mode="drop")
+  vt_BxKxDhxS = vt_BxKxDhxS.at[rows_B, :, :, pos_B].set(
+      v[:, 0].astype(vt_BxKxDhxS.dtype), mode="drop")
+  attn = _decode_attend(q, k_BxKxSxDh, vt_BxKxDhxS, mask_Bx1xS, cfg, sharder)
+  return (_residual_and_mlp(x_Bx1xD, attn, lp, cfg, sharder), k_BxKxSxDh,
+          vt_BxKxDhxS)
+
+
+def decode_step(params: DecodeParams, tokens_B: jax.Array,
+                lengths_B: jax.Array, cache: DecodeCache, *,
+                cfg: ModelConfig, sharder: Sharder | None = None
+                ) -> tuple[jax.Array, DecodeCache]:
+  """Logits of one new token per slot, and the cache with it written.
+
+  params: `to_decode_params(params)`. Slot b's token goes to position
+  lengths_B[b] and attends to positions 0..lengths_B[b]; the caller advances
+  the lengths of the slots that hold a sequence. Returns logits_Bx1xV
+  (float32).
+  """
+  dt = cfg.compute_jnp_dtype
+  S = cache.k[0].shape[2]
+  layers, params = params.layers, params.top
+  positions_Bx1 = lengths_B[:, None]
+  x = jnp.take(params["embed"], tokens_B[:, None], axis=0).astype(dt)
+  x = constrain(sharder, x, ("batch", "length", "act_embed"))
+  mask_Bx1xS = _cached_mask(lengths_B, 1, S)
+  ks, vts = [], []
+  for lp, k, vt in zip(layers, cache.k, cache.vt):
+    x, k, vt = _decode_layer(x, lp, positions_Bx1, mask_Bx1xS, k, vt, cfg,
+                             sharder)
+    ks.append(k)
+    vts.append(vt)
+  x = rms_norm(x, params["final_norm"], cfg.norm_eps)
+  return unembed(params, x, cfg=cfg, sharder=sharder), DecodeCache(k=ks,
+                                                                   vt=vts)

@@ -46,6 +46,21 @@ class BatchRewardFn(RewardFn, Protocol):
     ...
 
 
+@runtime_checkable
+class ReportingRewardFn(RewardFn, Protocol):
+  """A reward that counts its own work (reward models: calls, seconds,
+  malformed verdicts); the RL loop logs what it counted per iteration."""
+
+  def take_stats(self) -> dict[str, float]:
+    """The counters since the last call, then reset."""
+    ...
+
+
+def reward_stats(fn: RewardFn) -> dict[str, float]:
+  """`fn.take_stats()` for a reporting reward, else nothing."""
+  return fn.take_stats() if isinstance(fn, ReportingRewardFn) else {}
+
+
 def _failed(exc: BaseException) -> RewardResult:
   return RewardResult(score=0.0, correct=False,
                       error=f"{type(exc).__name__}: {exc}")

@@ -46,6 +46,7 @@ import secrets
 import threading
 from typing import Any, Mapping, Protocol, Sequence
 
+from kimi_jax.rewards import harness
 from kimi_jax.rewards.base import RewardResult
 
 LANGUAGES = ("python", "cpp", "javascript")
@@ -67,7 +68,8 @@ class CodeRewardConfig:
 
   default_language: language of stdin/stdout records without `language`.
   time_limit_s: per-case CPU limit (wall limit is twice that).
-  memory_limit_mb: per-case address-space limit (node gets +1 GiB for V8).
+  memory_limit_mb: per-case memory limit (RLIMIT_DATA and address space;
+    node's address space gets +4 GiB for V8's reservations).
   max_output_bytes: per-case stdout cap; more is a failed case.
   max_cases_per_request: cases run by one sandbox request (C++ compiles once
     per request); more are split into several requests.
@@ -87,304 +89,6 @@ class CodeRewardConfig:
   cpp_flags: tuple[str, ...] = ("-std=c++17", "-O2", "-pipe")
   compile_time_limit_s: float = 30.0
   compile_memory_mb: int = 2048
-
-
-# ----------------------------------------------------------------------------
-# Scripts that run inside the sandbox. They are plain Python 3 (the sandbox's
-# interpreter, not this venv) and rely on the standard library only.
-
-_COMMON = r'''
-import ctypes, json, os, resource, signal, subprocess, sys, time
-
-PY_FLAGS = ["-E", "-s", "-S", "-B"]
-
-def lock_down():
-  # Non-dumpable: same-uid processes can no longer ptrace us or open
-  # /proc/<pid>/{mem,fd,environ}. Fail closed when that is impossible.
-  try:
-    ok = ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0
-  except Exception:
-    ok = False
-  if not ok:
-    sys.stderr.write("harness: prctl(PR_SET_DUMPABLE) failed\n")
-    sys.exit(3)
-
-def take_job():
-  with open("harness_job.json") as f:
-    job = json.load(f)
-  os.unlink("harness_job.json")
-  return job
-
-def kill_group(pid):
-  try:
-    os.killpg(pid, signal.SIGKILL)
-  except OSError:
-    pass
-
-def rlimits(cpu_s, memory_mb, fsize_bytes):
-  def apply():
-    cpu = max(1, int(cpu_s + 0.999))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    if memory_mb:
-      mem = int(memory_mb) << 20
-      resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    if fsize_bytes:
-      resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_bytes, fsize_bytes))
-  return apply
-
-def read_capped(path, cap):
-  with open(path, "rb") as f:
-    return f.read(cap + 1)
-'''
-
-_STDIO_RUNNER = _COMMON + r'''
-OOM = ("MemoryError", "bad_alloc", "heap out of memory",
-       "Cannot allocate memory", "Allocation failed")
-
-def command(job):
-  lang = job["language"]
-  if lang == "python":
-    return [sys.executable] + PY_FLAGS + ["solution.py"], 0
-  if lang == "javascript":
-    mem = job["memory_mb"]
-    return ["node", "--max-old-space-size=%d" % mem, "--v8-pool-size=1",
-            "solution.js"], 1024
-  return ["./solution_bin"], 0
-
-def compile_cpp(job):
-  cmd = ["g++"] + job["cpp_flags"] + ["-o", "solution_bin", "solution.cpp"]
-  with open("compile.err", "wb") as err:
-    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err,
-                         stderr=err, start_new_session=True,
-                         preexec_fn=rlimits(job["compile_time_s"],
-                                            job["compile_memory_mb"], 0))
-    try:
-      rc = p.wait(timeout=job["compile_time_s"] * 2)
-    except subprocess.TimeoutExpired:
-      rc = None
-    kill_group(p.pid)
-  text = read_capped("compile.err", 4000).decode("utf-8", "replace")
-  return rc == 0, text
-
-def run_case(cmd, extra_mb, data, job):
-  with open("case.in", "wb") as f:
-    f.write(data.encode("utf-8"))
-  cap = job["max_output_bytes"]
-  t0 = time.monotonic()
-  timed_out = False
-  with open("case.in", "rb") as fin, open("case.out", "wb") as fout, \
-       open("case.err", "wb") as ferr:
-    p = subprocess.Popen(cmd, stdin=fin, stdout=fout, stderr=ferr,
-                         start_new_session=True, close_fds=True,
-                         # The file-size cap also bounds stderr; stdout's own
-                         # cap is checked on the bytes read back.
-                         preexec_fn=rlimits(job["time_limit_s"],
-                                            job["memory_mb"] + extra_mb,
-                                            max(cap + 1, 1 << 20)))
-    try:
-      rc = p.wait(timeout=job["time_limit_s"] * 2 + 0.5)
-    except subprocess.TimeoutExpired:
-      timed_out = True
-      rc = None
-    kill_group(p.pid)
-    if rc is None:
-      p.wait()
-  wall = time.monotonic() - t0
-  out = read_capped("case.out", cap)
-  err = read_capped("case.err", 2000)[-2000:].decode("utf-8", "replace")
-  if timed_out or rc in (-signal.SIGXCPU, -signal.SIGKILL):
-    status = "timeout"
-  elif rc == -signal.SIGXFSZ or len(out) > cap:
-    status = "output_limit"
-  elif rc == 0:
-    status = "ok"
-  elif any(s in err for s in OOM):
-    status = "memory_limit"
-  else:
-    status = "runtime_error"
-  return {"status": status, "exit_code": rc, "wall_s": round(wall, 4),
-          "stdout": out[:cap].decode("utf-8", "replace"), "stderr": err}
-
-def main():
-  job = take_job()
-  lock_down()
-  nonce = job.pop("nonce")
-  report = {"compile_ok": True, "compile_error": "", "cases": []}
-  if job["language"] == "cpp":
-    ok, text = compile_cpp(job)
-    report["compile_ok"], report["compile_error"] = ok, text
-  if report["compile_ok"]:
-    cmd, extra_mb = command(job)
-    for data in job["inputs"]:
-      report["cases"].append(run_case(cmd, extra_mb, data, job))
-  sys.stdout.write("\n" + nonce + " " + json.dumps(report) + "\n")
-  sys.stdout.flush()
-
-main()
-'''
-
-_CODEC = r'''
-import math as _math
-
-def encode(x, depth=0):
-  if depth > 200:
-    raise ValueError("value nested too deeply")
-  if x is None or isinstance(x, (bool, str)):
-    return x
-  if isinstance(x, int):
-    return x
-  if isinstance(x, float):
-    return {"f": repr(x)}
-  if isinstance(x, complex):
-    return {"c": [repr(x.real), repr(x.imag)]}
-  if isinstance(x, list):
-    return [encode(v, depth + 1) for v in x]
-  if isinstance(x, tuple):
-    return {"t": [encode(v, depth + 1) for v in x]}
-  if isinstance(x, (set, frozenset)):
-    tag = "s" if isinstance(x, set) else "z"
-    return {tag: [encode(v, depth + 1) for v in x]}
-  if isinstance(x, dict):
-    return {"d": [[encode(k, depth + 1), encode(v, depth + 1)]
-                  for k, v in x.items()]}
-  if isinstance(x, bytes):
-    return {"b": x.hex()}
-  raise TypeError("unsupported value type %s" % type(x).__name__)
-
-def decode(x):
-  if isinstance(x, list):
-    return [decode(v) for v in x]
-  if not isinstance(x, dict):
-    return x
-  (tag, v), = x.items()
-  if tag == "f":
-    return float(v)
-  if tag == "c":
-    return complex(float(v[0]), float(v[1]))
-  if tag == "t":
-    return tuple(decode(i) for i in v)
-  if tag == "s":
-    return set(decode(i) for i in v)
-  if tag == "z":
-    return frozenset(decode(i) for i in v)
-  if tag == "d":
-    return {decode(k): decode(i) for k, i in v}
-  if tag == "b":
-    return bytes.fromhex(v)
-  raise ValueError("bad tag")
-'''
-
-# The child: loads the response's code, then answers call requests.
-_ORACLE = _CODEC + r'''
-import json, os, sys
-
-def main():
-  req = os.fdopen(int(sys.argv[1]), "r")
-  resp = os.fdopen(int(sys.argv[2]), "w")
-  def send(msg):
-    resp.write(json.dumps(msg) + "\n")
-    resp.flush()
-  ns = {"__name__": "solution", "__builtins__": __builtins__}
-  try:
-    with open("solution.py") as f:
-      source = f.read()
-    exec(compile(source, "solution.py", "exec"), ns)
-  except BaseException as e:
-    send({"error": "load: %s: %s" % (type(e).__name__, str(e)[:300])})
-    return
-  send({"ready": True})
-  for line in req:
-    msg = json.loads(line)
-    try:
-      fn = ns[msg["name"]]
-      value = fn(*decode(msg["args"]), **decode(msg["kwargs"]))
-      out = {"value": encode(value)}
-    except BaseException as e:
-      out = {"error": "%s: %s" % (type(e).__name__, str(e)[:300])}
-    send(out)
-
-main()
-'''
-
-# The trusted driver: runs the test code against a proxy of the child.
-_FUNCTION_DRIVER = _COMMON + _CODEC + r'''
-import select
-
-class CandidateError(Exception):
-  pass
-
-class Oracle:
-  def __init__(self, job):
-    req_r, self.req_w = os.pipe()
-    self.resp_r, resp_w = os.pipe()
-    self.timeout = job["call_timeout_s"]
-    self.proc = subprocess.Popen(
-        [sys.executable] + PY_FLAGS + ["oracle.py", str(req_r), str(resp_w)],
-        pass_fds=(req_r, resp_w), stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=open("oracle.err", "wb"),
-        start_new_session=True,
-        preexec_fn=rlimits(job["time_limit_s"], job["memory_mb"], 1 << 24))
-    os.close(req_r)
-    os.close(resp_w)
-    self.buf = b""
-
-  def recv(self):
-    deadline = time.monotonic() + self.timeout
-    while b"\n" not in self.buf:
-      left = deadline - time.monotonic()
-      if left <= 0:
-        raise CandidateError("call timed out")
-      ready, _, _ = select.select([self.resp_r], [], [], left)
-      if ready:
-        chunk = os.read(self.resp_r, 1 << 16)
-        if not chunk:
-          raise CandidateError("candidate process exited")
-        self.buf += chunk
-        if len(self.buf) > (64 << 20):
-          raise CandidateError("reply too large")
-    line, self.buf = self.buf.split(b"\n", 1)
-    return json.loads(line)
-
-  def call(self, name, args, kwargs):
-    data = json.dumps({"name": name, "args": encode(list(args)),
-                       "kwargs": encode(dict(kwargs))}) + "\n"
-    try:
-      os.write(self.req_w, data.encode("utf-8"))
-    except OSError:
-      raise CandidateError("candidate process exited")
-    msg = self.recv()
-    if "error" in msg:
-      raise CandidateError(msg["error"])
-    return decode(msg["value"])
-
-def main():
-  job = take_job()
-  lock_down()
-  nonce = job.pop("nonce")
-  oracle = Oracle(job)
-  try:
-    hello = oracle.recv()
-    if "error" in hello:
-      raise CandidateError(hello["error"])
-    name = job["entry_point"]
-    def candidate(*args, **kwargs):
-      return oracle.call(name, args, kwargs)
-    ns = {"__name__": "__harness__"}
-    exec(compile(job["code_prefix"], "prefix", "exec"), ns)
-    # Tests may call the function by name too (HumanEval/33 does).
-    ns[name] = candidate
-    exec(compile(job["test"], "test", "exec"), ns)
-    ns["check"](candidate)
-  except BaseException as e:
-    sys.stderr.write("FAILED %s: %s\n" % (type(e).__name__, str(e)[:500]))
-    sys.exit(1)
-  finally:
-    kill_group(oracle.proc.pid)
-  sys.stdout.write("\n" + nonce + " {}\n")
-  sys.stdout.flush()
-
-main()
-'''
 
 
 # ----------------------------------------------------------------------------
@@ -459,7 +163,10 @@ def _stdio_limits(config: CodeRewardConfig, record: Mapping[str, Any],
           "compile_time_s": config.compile_time_limit_s,
           "compile_memory_mb": config.compile_memory_mb,
           "cpp_flags": list(config.cpp_flags)}
-  extra = 1024 if language == "javascript" else 0
+  # node's address space needs room for V8's reservations (see
+  # kimi_jax/sandbox/isolation.py); its memory is capped per case by
+  # RLIMIT_DATA in the harness.
+  extra = 4096 if language == "javascript" else 0
   wall = n_cases * (2 * time_s + 1.0) + 5.0
   if language == "cpp":
     wall += 2 * config.compile_time_limit_s
@@ -493,8 +200,9 @@ def stdio_jobs(item: int, record: Mapping[str, Any], program: str,
     job = dict(case, nonce=nonce, language=language,
                inputs=[str(t["input"]) for t in chunk])
     request = ExecRequest(
-        language="python", source=_STDIO_RUNNER,
-        files={JOB_FILE: json.dumps(job), SOURCE_FILE[language]: program},
+        language="python", source=harness.source(harness.STDIO_RUNNER),
+        files={JOB_FILE: json.dumps(job), SOURCE_FILE[language]: program,
+               harness.COMMON: harness.source(harness.COMMON)},
         limits=limits)
     jobs.append(_Job(item, "stdio", request, nonce,
                      tuple(str(t["output"]) for t in chunk)))
@@ -516,9 +224,11 @@ def function_job(item: int, record: Mapping[str, Any], program: str,
                          wall_time_s=8 * time_s + 5,
                          memory_mb=config.memory_limit_mb + 64)
   request = ExecRequest(
-      language="python", source=_FUNCTION_DRIVER,
+      language="python", source=harness.source(harness.FUNCTION_DRIVER),
       files={JOB_FILE: json.dumps(job), "solution.py": program,
-             "oracle.py": _ORACLE},
+             harness.ORACLE: harness.source(harness.ORACLE),
+             harness.COMMON: harness.source(harness.COMMON),
+             harness.CODEC: harness.source(harness.CODEC)},
       limits=limits)
   return _Job(item, "function", request, nonce)
 

@@ -7,6 +7,15 @@
 Options are the fields of the reward's config dataclass (MathRewardConfig,
 ReasoningGymRewardConfig, CodeRewardConfig); an unknown option raises
 TypeError naming it.
+
+Reward models (kimi_jax/reward_models, docs/rewards.md) run on a
+mesh, so they take the job's sharder and the task's rule-based verifier
+(for "verifier_or_*" and the audit), and a reward-model directory or a
+loaded model; other options are RewardModelConfig's fields:
+
+  make_reward("rm_value", sharder=s, verifier=v, path="/runs/rm/value")
+  make_reward("rm_cot", sharder=s, verifier=v, model=loaded_cot_model)
+  make_reward("verifier_or_rm_cot", sharder=s, verifier=v, path=...)
 """
 
 from __future__ import annotations
@@ -37,11 +46,49 @@ def _code(executor: Any = None, sandbox_url: str | None = None,
   return CodeReward(executor=executor, **options)
 
 
+def _reward_model(name: str) -> Callable[..., RewardFn]:
+  def factory(*, sharder: Any, verifier: RewardFn, model: Any = None,
+              path: str = "", **options: Any) -> RewardFn:
+    from kimi_jax.reward_models import serving, store
+    from kimi_jax.reward_models.config import RewardModelConfig
+    cfg = RewardModelConfig(path=path, **options)
+    if model is None:
+      if not path:
+        raise ValueError(f"reward {name!r} needs a reward model: pass path "
+                         f"(a directory from launch/train_rm.py) or model")
+      model = store.load(path, sharder)
+    return serving.reward_from_model(name, model, sharder, cfg, verifier)
+  return factory
+
+
+def _pointer_chase(**options: Any) -> RewardFn:
+  from kimi_jax.data.pointer_chase import PointerChaseReward
+  if options:
+    raise TypeError(f"the pointer_chase reward takes no options, got "
+                    f"{sorted(options)}")
+  return PointerChaseReward()
+
+
 REWARDS: dict[str, Callable[..., RewardFn]] = {
     "math": _math,
     "reasoning_gym": _reasoning_gym,
     "code": _code,
+    # Reward models: need the job's sharder (see the module doc).
+    "rm_value": _reward_model("rm_value"),
+    "rm_cot": _reward_model("rm_cot"),
+    "verifier_or_rm_value": _reward_model("verifier_or_rm_value"),
+    "verifier_or_rm_cot": _reward_model("verifier_or_rm_cot"),
+    # The tiny synthetic task's exact verifier (kimi_jax/data/pointer_chase).
+    "pointer_chase": _pointer_chase,
 }
+# The rewards that run a model on the job's mesh (built by the job).
+MODEL_REWARDS = ("rm_value", "rm_cot", "verifier_or_rm_value",
+                 "verifier_or_rm_cot")
+
+
+def needs_model(name: str) -> bool:
+  """Whether reward `name` is a reward model the job must build."""
+  return name in MODEL_REWARDS
 
 
 def make_reward(name: str, **options: Any) -> RewardFn:

@@ -34,27 +34,12 @@ import os
 import random
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from kimi_jax.rewards import harness
 from kimi_jax.rewards.code import (LANGUAGES, CodeRewardConfig,
                                    normalize_output, run_programs)
 
 GENERATOR_DEPS = ("cyaron", "colorful", "xeger")
 
-_GENERATOR_BOOTSTRAP = r'''
-import json, os, random, runpy, sys
-with open("generator_job.json") as f:
-  job = json.load(f)
-with open("pydeps.json") as f:
-  bundle = json.load(f)
-for rel, text in bundle.items():
-  path = os.path.join("_pydeps", rel)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w") as f:
-    f.write(text)
-sys.path.insert(0, os.path.abspath("_pydeps"))
-random.seed(job["seed"])
-sys.argv = ["generator.py", str(job["seed"])]
-runpy.run_path("generator.py", run_name="__main__")
-'''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +167,8 @@ def run_generator(executor: Any, generator: str, seeds: Sequence[int],
       max_output_bytes=config.max_input_bytes)
   bundle = _bundle_json()
   requests = [
-      ExecRequest(language="python", source=_GENERATOR_BOOTSTRAP,
+      ExecRequest(language="python",
+                  source=harness.source(harness.GENERATOR_BOOTSTRAP),
                   files={"generator.py": generator, "pydeps.json": bundle,
                          "generator_job.json": json.dumps({"seed": seed})},
                   limits=limits)

@@ -11,10 +11,12 @@ A minibatch holds `size` whole groups (P prompts x K responses), so the
 group baseline and eq. 3's per-prompt average are unchanged. Its P*K
 sequences are packed into R rows of T tokens (first fit, longest first):
 each packed sequence gets its own segment id (1, 2, ...) and positions from
-0, so attention never crosses sequences (`transformer._packed_mask`), and
+0, so attention never crosses sequences (`attention.packed_causal_mask`), and
 `seq_RxT` says which (p, k) = p*K + k every token belongs to (P*K on
 padding), so the loss sums token log-probs back into log pi(y|x) per
-response. Without packing a long response in a group pads every row of its
+response. A minibatch is a typed pytree (`Minibatch`): the model's rows plus
+the per-response arrays of its P prompts x K responses; stages add the
+rewards and the reference log-probs with `.replace(...)`. Without packing a long response in a group pads every row of its
 minibatch to its length; packed, short responses fill the room beside it.
 
 Shapes are bucketed so jitted steps compile a bounded number of times: T is
@@ -25,11 +27,42 @@ minibatch (padding prompts own no tokens and have `valid_P = 0`).
 
 from __future__ import annotations
 
+import flax.struct
+import jax
 import numpy as np
 
 from kimi_jax.rl import replay_buffer
+from kimi_jax.token_rows import TokenRows, empty_rows
 
-ROW_KEYS = ("tokens", "targets", "positions", "segment_ids", "mask", "seq")
+
+@flax.struct.dataclass
+class Minibatch:
+  """Whole groups of one train step: P prompts x K responses packed in R x T.
+
+  rows: the model's input rows (`TokenRows`); its mask marks the response
+    targets that get a gradient.
+  seq_RxT: response p*K + k of every token; P*K on padding.
+  lengths_PxK: full response lengths (all segments), for the length reward.
+  valid_P: 1 for real prompts, 0 for padding prompts (own no tokens).
+  reward_PxK, correct_PxK: scores of each response (zeros until scored).
+  ref_seq_logp_PxK: log pi_theta_i(y|x) over the mask, the iteration's
+    reference (zeros until computed).
+  sampler_seq_logp_PxK: the same sum from the sampler's log-probs.
+  """
+
+  rows: TokenRows
+  seq_RxT: np.ndarray
+  lengths_PxK: np.ndarray
+  valid_P: np.ndarray
+  reward_PxK: np.ndarray
+  correct_PxK: np.ndarray
+  ref_seq_logp_PxK: np.ndarray
+  sampler_seq_logp_PxK: np.ndarray
+
+  @property
+  def group_shape(self) -> tuple[int, int]:
+    """(P, K)."""
+    return tuple(self.lengths_PxK.shape)
 
 
 def bucket_length(n: int, buckets: tuple[int, ...]) -> int:
@@ -86,27 +119,35 @@ def pack_rows(lengths: list[int], row_len: int, pack: bool = True
 
 
 def empty_minibatch(P: int, K: int, R: int, T: int, pad_id: int
-                    ) -> dict[str, np.ndarray]:
+                    ) -> Minibatch:
   """The arrays of one minibatch, all padding: R x T rows, P x K per
   response, P per prompt. Real minibatches fill these in."""
-  return {
-      "tokens": np.full((R, T), pad_id, np.int32),
-      "targets": np.full((R, T), pad_id, np.int32),
-      "positions": np.zeros((R, T), np.int32),
-      "segment_ids": np.zeros((R, T), np.int32),
-      "mask": np.zeros((R, T), np.float32),
-      "seq": np.full((R, T), P * K, np.int32),
-      "lengths": np.zeros((P, K), np.int32),
-      "sampler_seq_logp": np.zeros((P, K), np.float32),
-      "valid": np.zeros((P,), np.float32),
-  }
+  return Minibatch(
+      rows=empty_rows(R, T, pad_id),
+      seq_RxT=np.full((R, T), P * K, np.int32),
+      lengths_PxK=np.zeros((P, K), np.int32),
+      valid_P=np.zeros((P,), np.float32),
+      reward_PxK=np.zeros((P, K), np.float32),
+      correct_PxK=np.zeros((P, K), bool),
+      ref_seq_logp_PxK=np.zeros((P, K), np.float32),
+      sampler_seq_logp_PxK=np.zeros((P, K), np.float32))
+
+
+def abstract_minibatch(P: int, K: int, R: int, T: int) -> Minibatch:
+  """A minibatch's shapes and dtypes (ShapeDtypeStructs), by the suffix of
+  each field's name, without allocating it (ahead-of-time compiles)."""
+  dims = {"RxT": (R, T), "PxK": (P, K), "P": (P,)}
+  like = empty_minibatch(P, K, 1, 1, 0)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: jax.ShapeDtypeStruct(
+          dims[str(path[-1].name).rsplit("_", 1)[1]], x.dtype), like)
 
 
 def packed_minibatch(groups: list[replay_buffer.Group],
                      prompts: list[list[int]], *, version: int,
                      train_on_old_segments: bool, len_buckets: tuple[int, ...],
                      rows: tuple[int, ...], pad_id: int, pad_prompts_to: int,
-                     pack: bool = True) -> dict[str, np.ndarray]:
+                     pack: bool = True) -> Minibatch:
   """One minibatch of whole groups; see the module docstring for layout."""
   if len(groups) != len(prompts):
     raise ValueError(f"{len(groups)} groups but {len(prompts)} prompts")
@@ -122,38 +163,42 @@ def packed_minibatch(groups: list[replay_buffer.Group],
   layout = pack_rows(n_in, T, pack)
   R = bucket_length(len(layout), rows) if layout else rows[0]
   out = empty_minibatch(pad_prompts_to, K, R, T, pad_id)
-  out["valid"][:len(groups)] = 1.0
+  rows_ = out.rows
+  out.valid_P[:len(groups)] = 1.0
   for r, members in enumerate(layout):
     col = 0
     for segment, i in enumerate(members, start=1):
       p, j, seq, traj = seqs[i]
       m = n_in[i]
       span = slice(col, col + m)
-      out["tokens"][r, span] = seq[:-1]
-      out["targets"][r, span] = seq[1:]
-      out["positions"][r, span] = np.arange(m)
-      out["segment_ids"][r, span] = segment
-      out["seq"][r, span] = p * K + j
+      rows_.tokens_RxT[r, span] = seq[:-1]
+      rows_.targets_RxT[r, span] = seq[1:]
+      rows_.positions_RxT[r, span] = np.arange(m)
+      rows_.segment_ids_RxT[r, span] = segment
+      out.seq_RxT[r, span] = p * K + j
       resp_mask = replay_buffer.loss_mask(traj.token_versions(), version,
                                           train_on_old_segments)
       start = col + len(seq) - traj.length - 1
-      out["mask"][r, start:start + traj.length] = resp_mask
-      out["lengths"][p, j] = traj.length
-      out["sampler_seq_logp"][p, j] = float(
+      rows_.mask_RxT[r, start:start + traj.length] = resp_mask
+      out.lengths_PxK[p, j] = traj.length
+      out.sampler_seq_logp_PxK[p, j] = float(
           np.sum(np.asarray(traj.logprobs, np.float64)[resp_mask]))
       col += m
   return out
 
 
-def attach_scores(minibatches: list[dict[str, np.ndarray]],
-                  members: list[list[int]], **per_group_PxK: np.ndarray
-                  ) -> None:
-  """Adds per-group arrays (reward, correct, ...) to each minibatch, in its
-  group order and zero-padded like its padding prompts."""
+def with_scores(minibatches: list[Minibatch], members: list[list[int]], *,
+                reward_PxK: np.ndarray, correct_PxK: np.ndarray
+                ) -> list[Minibatch]:
+  """Each minibatch with its groups' rewards and correctness, in its group
+  order and zero-padded like its padding prompts."""
+  out = []
   for mb, idx in zip(minibatches, members):
-    pad = mb["valid"].shape[0] - len(idx)
-    for name, values in per_group_PxK.items():
-      mb[name] = np.pad(np.asarray(values)[idx], ((0, pad), (0, 0)))
+    pad = ((0, mb.valid_P.shape[0] - len(idx)), (0, 0))
+    out.append(mb.replace(
+        reward_PxK=np.pad(np.asarray(reward_PxK, np.float32)[idx], pad),
+        correct_PxK=np.pad(np.asarray(correct_PxK, bool)[idx], pad)))
+  return out
 
 
 def group_row_length(group: replay_buffer.Group, prompt: list[int]) -> int:
@@ -166,7 +211,7 @@ def sorted_minibatches(groups: list[replay_buffer.Group],
                        train_on_old_segments: bool,
                        len_buckets: tuple[int, ...], pad_id: int,
                        rows: tuple[int, ...] | None = None, pack: bool = True
-                       ) -> tuple[list[dict[str, np.ndarray]], list[int]]:
+                       ) -> tuple[list[Minibatch], list[list[int]]]:
   """Minibatches of `size` whole groups, each packed into its own bucket.
 
   Groups are ordered by their longest sequence first, so a few long

@@ -7,17 +7,17 @@ caller adds it to the task reward:
   total_reward = task_reward + length_reward_weight(i, ...) * length_reward(...)
 
 Lengths are full response lengths in tokens (all partial-rollout segments,
-see docs/rl.md), never the number of tokens that enter the loss.
+see docs/rl.md), never the number of tokens that enter the loss. Rewards are
+host-side values, so this is numpy.
 """
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
+import numpy as np
 
 
-def length_reward(lengths_PxK: jax.Array, correct_PxK: jax.Array
-                  ) -> jax.Array:
+def length_reward(lengths_PxK: np.ndarray, correct_PxK: np.ndarray
+                  ) -> np.ndarray:
   """Per-response length reward; returns PxK float32.
 
   With min_len / max_len over the K responses of each prompt:
@@ -27,16 +27,16 @@ def length_reward(lengths_PxK: jax.Array, correct_PxK: jax.Array
                      min(0, lambda_j)    otherwise
   lambda runs from +0.5 (shortest) to -0.5 (longest).
   """
-  lengths = lengths_PxK.astype(jnp.float32)
-  min_P1 = jnp.min(lengths, axis=-1, keepdims=True)
-  max_P1 = jnp.max(lengths, axis=-1, keepdims=True)
+  lengths = np.asarray(lengths_PxK, np.float32)
+  min_P1 = np.min(lengths, axis=-1, keepdims=True)
+  max_P1 = np.max(lengths, axis=-1, keepdims=True)
   same_P1 = max_P1 == min_P1
   # The denominator is replaced only where the result is discarded anyway.
-  span_P1 = jnp.where(same_P1, 1.0, max_P1 - min_P1)
-  lam_PxK = 0.5 - (lengths - min_P1) / span_P1
-  reward = jnp.where(correct_PxK.astype(bool), lam_PxK,
-                     jnp.minimum(0.0, lam_PxK))
-  return jnp.where(same_P1, 0.0, reward)
+  span_P1 = np.where(same_P1, np.float32(1.0), max_P1 - min_P1)
+  lam_PxK = np.float32(0.5) - (lengths - min_P1) / span_P1
+  reward = np.where(np.asarray(correct_PxK, bool), lam_PxK,
+                    np.minimum(np.float32(0.0), lam_PxK))
+  return np.where(same_P1, np.float32(0.0), reward).astype(np.float32)
 
 
 def length_reward_weight(iteration: int, *, weight: float,

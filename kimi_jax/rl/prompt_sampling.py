@@ -22,7 +22,8 @@ Two independent knobs, applied in this order:
 Success rates (per-iteration pass rates fed to `update`) are tracked as
   ema:  s <- ema_decay * s + (1 - ema_decay) * x, starting from `initial_success`
   mean: s = mean of all x seen so far (`initial_success` until the first x)
-and are part of `state_dict()`, so a resumed run samples the same problems
+(or, with `initial_success_field`, from the record's measured pass rate,
+e.g. curation's `pass_rate`) and are part of `state_dict()`, so a resumed run samples the same problems
 given the same numpy Generator state.
 """
 
@@ -52,6 +53,10 @@ class PromptSamplingConfig:
   ema_decay: float = 0.9
   # Unseen problems count as never solved: they get the highest priority.
   initial_success: float = 0.0
+  # A record field holding a measured pass rate (curation's `pass_rate`,
+  # kimi_jax/data/curate.py) that unseen problems start from instead of
+  # initial_success; records without it use initial_success. "" : off.
+  initial_success_field: str = ""
 
   def __post_init__(self):
     if self.curriculum not in _CURRICULA:
@@ -130,8 +135,29 @@ class PromptSampler:
         diff.append(float(value))
       self._difficulty_N = np.asarray(diff, np.float64)
     n = len(records)
-    self._success_N = np.full(n, config.initial_success, np.float64)
+    self._initial_N = np.full(n, config.initial_success, np.float64)
+    if config.initial_success_field:
+      for i, rec in enumerate(records):
+        value = rec.get(config.initial_success_field)
+        if value is None:
+          continue
+        if isinstance(value, bool) or not isinstance(
+            value, (int, float)) or not 0.0 <= value <= 1.0:
+          raise ValueError(
+              f"records[{i}] (id {rec['id']!r}): field "
+              f"{config.initial_success_field!r} must be a success rate in "
+              f"[0, 1], got {value!r}")
+        self._initial_N[i] = float(value)
+    self._success_N = self._initial_N.copy()
     self._count_N = np.zeros(n, np.int64)
+
+  def copy(self) -> "PromptSampler":
+    """An independent sampler with the same statistics (records shared)."""
+    out = object.__new__(PromptSampler)
+    out.__dict__.update(self.__dict__)
+    out._success_N = self._success_N.copy()
+    out._count_N = self._count_N.copy()
+    return out
 
   @property
   def num_problems(self) -> int:
@@ -235,8 +261,7 @@ class PromptSampler:
     if state.get("version") != _STATE_VERSION:
       raise ValueError(f"unsupported prompt sampler state version "
                        f"{state.get('version')!r}")
-    success = np.full(self.num_problems, self.config.initial_success,
-                      np.float64)
+    success = self._initial_N.copy()
     count = np.zeros(self.num_problems, np.int64)
     for rid, s, c in state["stats"]:
       if rid not in self._index_of:

@@ -129,6 +129,21 @@ class RolloutBuffer:
     self._next_group_id = 0
     self._stats = _zero_stats()
 
+  def copy(self) -> "RolloutBuffer":
+    """An independent buffer with the same contents (trajectories are
+    immutable, so only the containers are copied)."""
+    out = RolloutBuffer(group_size=self.group_size,
+                        max_wait_iterations=self.max_wait_iterations)
+    out._groups = {gid: list(trajs) for gid, trajs in self._groups.items()}
+    out._next_group_id = self._next_group_id
+    out._stats = dict(self._stats)
+    return out
+
+  @property
+  def next_group_id(self) -> int:
+    """Ids below it have been opened: each is in flight or was consumed."""
+    return self._next_group_id
+
   def __len__(self) -> int:
     """Number of groups in flight."""
     return len(self._groups)

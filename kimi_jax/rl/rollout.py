@@ -9,16 +9,13 @@ resumed run draws the same tokens.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Sequence
 
-import numpy as np
-
-from kimi_jax.rewards.base import RewardResult, score_all
 from kimi_jax.rl import replay_buffer
 from kimi_jax.rl.config import RLConfig
-from kimi_jax.sampler.driver import Sampler, SampleRequest, SampleResult
+from kimi_jax.sampler.config import SamplingSettings
+from kimi_jax.sampler.driver import SampleRequest, SampleResult
 from kimi_jax.sampler.sampling import SamplingParams
 
 
@@ -26,13 +23,6 @@ def request_seed(*parts: int) -> int:
   digest = hashlib.blake2b(repr(tuple(int(p) for p in parts)).encode(),
                            digest_size=4).digest()
   return int.from_bytes(digest, "little")
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingSettings:
-  temperature: float = 1.0
-  top_k: int = 0
-  top_p: float = 1.0
 
 
 def groups_to_open(buffer: replay_buffer.RolloutBuffer,
@@ -51,11 +41,14 @@ def groups_to_open(buffer: replay_buffer.RolloutBuffer,
 def continue_requests(pending: Sequence[replay_buffer.Trajectory],
                       prompts: Sequence[list[int]], *, seed: int,
                       iteration: int, settings: SamplingSettings,
-                      stop_tokens: tuple[int, ...], max_response_len: int,
-                      token_budget: int) -> list[SampleRequest]:
+                      stop_tokens: tuple[int, ...],
+                      max_response_lens: Sequence[int], token_budget: int
+                      ) -> list[SampleRequest]:
+  """One request per unfinished response: continue `prompt + tokens so far`
+  for at most `token_budget` new tokens, up to its `max_response_lens`."""
   out = []
-  for traj, prompt in zip(pending, prompts):
-    budget = min(token_budget, max_response_len - traj.length)
+  for traj, prompt, max_len in zip(pending, prompts, max_response_lens):
+    budget = min(token_budget, max_len - traj.length)
     out.append(SampleRequest(
         id=(traj.group_id, traj.sample_index), prompt=tuple(prompt),
         prefix=traj.tokens,
@@ -64,8 +57,7 @@ def continue_requests(pending: Sequence[replay_buffer.Trajectory],
             top_p=settings.top_p,
             seed=request_seed(seed, traj.group_id, traj.sample_index,
                               iteration)),
-        stop_tokens=stop_tokens, max_new_tokens=max_response_len,
-        budget=budget))
+        stop_tokens=stop_tokens, max_new_tokens=max_len, budget=budget))
   return out
 
 
@@ -101,50 +93,18 @@ def record_results(buffer: replay_buffer.RolloutBuffer,
   return counts
 
 
+def stop_tokens(tokenizer: Any) -> tuple[int, ...]:
+  """What ends a response: a Hugging Face tokenizer's stop ids (eos and the
+  extra ones of generation_config.json), else the tokenizer's eos; none for
+  a synthetic task, which generates every response to its limit."""
+  if getattr(tokenizer, "stop_ids", None):
+    return tuple(tokenizer.stop_ids)
+  return () if tokenizer.eos_id is None else (tokenizer.eos_id,)
+
+
 def response_text(tokens: Sequence[int], tokenizer) -> str:
   """Decodes a response, cutting at the first eos."""
   ids = list(tokens)
-  if tokenizer.eos_id in ids:
+  if tokenizer.eos_id is not None and tokenizer.eos_id in ids:
     ids = ids[:ids.index(tokenizer.eos_id)]
   return tokenizer.decode(ids)
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalResult:
-  pass_at_1: float  # mean correctness of sampled responses (temperature 1)
-  greedy_accuracy: float
-  mean_length: float
-  n_problems: int
-
-
-def evaluate(sampler: Sampler, records: Sequence[Mapping[str, Any]],
-             encode_prompt: Callable, reward, tokenizer, *, samples: int,
-             max_response_len: int, seed: int,
-             settings: SamplingSettings) -> EvalResult:
-  """Held-out pass@1 (mean over `samples` draws) and greedy accuracy."""
-  prompts = [tuple(encode_prompt(r)) for r in records]
-  stop = (tokenizer.eos_id,)
-  reqs = []
-  for i, prompt in enumerate(prompts):
-    for j in range(samples):
-      reqs.append(SampleRequest(
-          id=("s", i, j), prompt=prompt, max_new_tokens=max_response_len,
-          stop_tokens=stop,
-          sampling=SamplingParams(temperature=settings.temperature,
-                                  top_k=settings.top_k, top_p=settings.top_p,
-                                  seed=request_seed(seed, i, j))))
-    reqs.append(SampleRequest(id=("g", i, 0), prompt=prompt,
-                              max_new_tokens=max_response_len,
-                              stop_tokens=stop,
-                              sampling=SamplingParams(greedy=True)))
-  results = sampler.generate(reqs)
-  recs = [records[r.id[1]] for r in results]
-  texts = [response_text(r.tokens, tokenizer) for r in results]
-  scored: list[RewardResult] = score_all(reward, recs, texts)
-  sampled = [s.correct for r, s in zip(results, scored) if r.id[0] == "s"]
-  greedy = [s.correct for r, s in zip(results, scored) if r.id[0] == "g"]
-  lengths = [len(r.tokens) for r in results if r.id[0] == "s"]
-  return EvalResult(pass_at_1=float(np.mean(sampled)),
-                    greedy_accuracy=float(np.mean(greedy)),
-                    mean_length=float(np.mean(lengths)),
-                    n_problems=len(records))

@@ -1,67 +1,77 @@
-"""The RL policy loss on a packed minibatch, and the reference log-probs.
+"""The RL policy loss on a packed `Minibatch`, and the reference log-probs.
 
-A minibatch (`kimi_jax/rl/batching.py`) holds R x T packed rows plus P x K
-per-response arrays; the model runs on the rows and `losses` gets log
-pi(y|x) per response. The train step itself is `kimi_jax.train_step`
-(sharded, donated, NaN-safe); this module only supplies the loss it
-differentiates.
+The model runs on the minibatch's rows and `losses` gets log pi(y|x) per
+response. The train step itself is `kimi_jax.train_step` (sharded, donated,
+NaN-safe) driven by `kimi_jax.rl.learner`; this module only supplies the
+functions it differentiates or evaluates.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
+import jax.numpy as jnp
 
-from kimi_jax.model import transformer
+from kimi_jax.model import logprobs
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.rl import losses
+from kimi_jax.rl.batching import Minibatch
 from kimi_jax.rl.config import RLConfig
 from kimi_jax.sharding import Sharder
+from kimi_jax.token_rows import TokenRows
 
 
-def token_logp_RxT(params, batch, *, cfg: ModelConfig,
+def token_logp_RxT(params, rows: TokenRows, *, cfg: ModelConfig,
                    sharder: Sharder | None) -> jax.Array:
   """log pi_theta of every target of the packed rows."""
-  logits, _ = transformer.forward(params, batch["tokens"], batch["positions"],
-                                  batch["segment_ids"], cfg=cfg,
-                                  sharder=sharder)
-  return transformer.token_logprobs(logits, batch["targets"])
+  return logprobs.token_logprobs(
+      params, rows.tokens_RxT, rows.positions_RxT, rows.segment_ids_RxT,
+      rows.targets_RxT, cfg=cfg, sharder=sharder)
 
 
-def _per_response(x_RxT, batch) -> jax.Array:
-  P, K = batch["lengths"].shape
-  return losses.packed_sequence_logp(x_RxT, batch["mask"], batch["seq"], P, K)
+def _per_response(x_RxT, mb: Minibatch) -> jax.Array:
+  P, K = mb.group_shape
+  return losses.packed_sequence_logp(x_RxT, mb.rows.mask_RxT, mb.seq_RxT, P,
+                                     K)
 
 
-def seq_logp(params, batch, *, cfg: ModelConfig, sharder: Sharder | None
-             ) -> jax.Array:
+def seq_logp(params, mb: Minibatch, *, cfg: ModelConfig,
+             sharder: Sharder | None) -> jax.Array:
   """log pi(y|x) over the loss mask, P x K: the iteration's reference."""
-  out = _per_response(token_logp_RxT(params, batch, cfg=cfg, sharder=sharder),
-                      batch)
+  out = _per_response(token_logp_RxT(params, mb.rows, cfg=cfg,
+                                     sharder=sharder), mb)
   # Replicated: the host of every process reads it back.
   return out if sharder is None else jax.lax.with_sharding_constraint(
       out, sharder.replicated())
 
 
-def policy_loss(params, batch, *, cfg: ModelConfig, rl: RLConfig,
-                sharder: Sharder | None):
+def policy_loss(params, mb: Minibatch, *, cfg: ModelConfig, rl: RLConfig,
+                sharder: Sharder | None, self_reference=None):
   """Mirror descent (report eq. 3) or ReST, chosen by `rl.loss`.
 
   Padding prompts (valid_P = 0) own no tokens and are left out of the loss
-  and its metrics.
+  and its metrics. self_reference (a traced bool, or None: false): the
+  reference log pi_theta_i(y|x) is this call's own log pi_theta(y|x)
+  (stop-gradient) instead of `mb.ref_seq_logp_PxK` - exact when params are
+  theta_i, as in the first step of an iteration. The metrics carry
+  `seq_logp_PxK` (stop-gradient), so that step's values serve as the
+  minibatch's reference afterwards.
   """
   seq_logp_PxK = _per_response(
-      token_logp_RxT(params, batch, cfg=cfg, sharder=sharder), batch)
+      token_logp_RxT(params, mb.rows, cfg=cfg, sharder=sharder), mb)
+  own_PxK = jax.lax.stop_gradient(seq_logp_PxK)
+  if sharder is not None:
+    own_PxK = jax.lax.with_sharding_constraint(own_PxK, sharder.replicated())
   if rl.loss == "rest":
-    n_tokens_PxK = _per_response(batch["mask"], batch)
-    return losses.rest_seq_loss(seq_logp_PxK, n_tokens_PxK, batch["correct"])
+    n_tokens_PxK = _per_response(mb.rows.mask_RxT, mb)
+    loss, metrics = losses.rest_seq_loss(seq_logp_PxK, n_tokens_PxK,
+                                         mb.correct_PxK)
+    return loss, dict(metrics, seq_logp_PxK=own_PxK)
+  ref_PxK = mb.ref_seq_logp_PxK
+  if self_reference is not None:
+    ref_PxK = jnp.where(self_reference, own_PxK, ref_PxK)
   loss, metrics = losses.mirror_descent_seq_loss(
-      seq_logp_PxK, batch["ref_seq_logp"], batch["reward"], tau=rl.tau,
-      baseline_kind=rl.baseline, valid_P=batch["valid"])
-  metrics["n_tokens"] = batch["mask"].sum()
+      seq_logp_PxK, ref_PxK, mb.reward_PxK, tau=rl.tau,
+      baseline_kind=rl.baseline, valid_P=mb.valid_P)
+  metrics["n_tokens"] = mb.rows.mask_RxT.sum()
+  metrics["seq_logp_PxK"] = own_PxK
   return loss, metrics
-
-
-def make_seq_logp_fn(cfg: ModelConfig, sharder: Sharder | None):
-  return jax.jit(functools.partial(seq_logp, cfg=cfg, sharder=sharder))

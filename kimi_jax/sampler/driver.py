@@ -24,12 +24,12 @@ import collections
 import dataclasses
 import sys
 import time
-from typing import Hashable, Sequence
+from typing import Hashable, NamedTuple, Sequence
 
 import jax
 import numpy as np
 
-from kimi_jax.sampler.engine import DecodeState, Engine
+from kimi_jax.sampler.engine import DecodeState, Engine, Prefix
 from kimi_jax.sampler.repetition import RepeatConfig, repeating, tails
 from kimi_jax.sampler.sampling import SamplingParams
 
@@ -158,6 +158,8 @@ class _Slots:
     self.stop = np.full((n_slots, n_stop), -1, np.int64)
     self.max_new = np.zeros((n_slots,), np.int64)
     self.budget = np.zeros((n_slots,), np.int64)
+    # Slots whose first token (sampled by the prefill) is not read back yet.
+    self.first_pending = np.zeros((n_slots,), bool)
 
   def admit(self, slot: int, index: int, req: SampleRequest,
             budget_cap: int | None = None) -> None:
@@ -190,6 +192,14 @@ class _Slots:
     is_stop = np.any(self.stop[slots] == tokens[:, None], axis=1)
     return np.where(is_stop, _STOP, code)
 
+  def steps_left(self) -> np.ndarray:
+    """Tokens each slot may still produce before its length or budget stop
+    (0 for free slots): the device ends a slot there."""
+    n_new = self.n_new + self.first_pending
+    left = np.minimum(self.max_new - self.n_prefix - n_new,
+                      self.budget - n_new)
+    return np.where(self.request >= 0, left, 0)
+
   def result(self, slot: int, req: SampleRequest, code: int) -> SampleResult:
     lo, hi = self.n_prefix[slot], self.n_prefix[slot] + self.n_new[slot]
     return SampleResult(
@@ -213,9 +223,13 @@ def admission_groups(lengths: Sequence[int], bucket_for, max_batch: int
 class Sampler:
   """Runs requests through an engine with continuous batching.
 
-  steps_per_call: decode steps per jitted call (host round trip). More steps
-  cut host overhead; a slot that stops mid-call wastes the rest of the call
-  and new requests wait for the call to end.
+  steps_per_call: decode steps per jitted call (host round trip) at most.
+  More steps cut host overhead. The device stops each slot at its length or
+  budget limit and at its stop tokens, and ends the call when no slot runs;
+  a slot that finishes mid-call otherwise idles until the call ends, and new
+  requests wait for it. Results do not depend on it: keys are per request
+  and token index, and with a `window`, while queued requests could still
+  start, every call is one step, so they start at the same step as with 1.
   """
 
   def __init__(self, engine: Engine, repeat: RepeatConfig = RepeatConfig(),
@@ -225,7 +239,6 @@ class Sampler:
     self.engine = engine
     self.repeat = repeat
     self.steps_per_call = steps_per_call
-    self.last_stats: SamplerStats | None = None
 
   def validate(self, requests: Sequence[SampleRequest]) -> None:
     problems = [(r.id, f, m) for r in requests
@@ -233,10 +246,14 @@ class Sampler:
     if problems:
       raise SampleRequestError(problems)
 
-  def generate(self, requests: Sequence[SampleRequest], progress: bool = False,
-               window: int | None = None, min_admit: int = 1
-               ) -> list[SampleResult | None]:
-    """Results in the order of `requests`; stats in `last_stats`.
+  def generate(self, params, requests: Sequence[SampleRequest], *,
+               progress: bool = False, window: int | None = None,
+               min_admit: int = 1
+               ) -> tuple[list[SampleResult | None], SamplerStats]:
+    """Results in the order of `requests`, and the call's statistics.
+
+    params: the policy weights, already in `engine.param_shardings` (see
+    `kimi_jax.sampler.handoff.place_params`).
 
     window: a rollout window of at most this many tokens per slot (the
     prefill token included). A request admitted after s decode steps gets a
@@ -251,9 +268,7 @@ class Sampler:
       raise ValueError(f"window must be None or >= 1, got {window}")
     if min_admit < 1:
       raise ValueError(f"min_admit must be >= 1, got {min_admit}")
-    engine, params = self.engine, self.engine.params
-    if params is None:
-      raise ValueError("engine has no params: call engine.load_params first")
+    engine = self.engine
     start = time.perf_counter()
     n_slots = engine.max_concurrent_decodes
     slots = _Slots(n_slots, engine.cache_len,
@@ -261,9 +276,12 @@ class Sampler:
     results: list[SampleResult | None] = [None] * len(requests)
     pending = collections.deque(range(len(requests)))
     state = engine.init_decode_state() if requests else None
+    decode_params = engine.decode_params(params) if requests else None
     steps = calls = kept = prefill_tokens = 0
     last_report = start
 
+    # Rounds whose first tokens are read back with the next decode output.
+    late: list[_Late] = []
     while True:
       left = None if window is None else window - steps
       # Admit pending requests into the free slots in batches. A request may
@@ -271,19 +289,35 @@ class Sampler:
       # another round before decoding.
       if left is None or left >= min_admit:
         while pending and (slots.request < 0).any():
-          state, n_tokens, n_admitted = self._admit(requests, pending, slots,
-                                                    state, results, left)
+          state, n_tokens, n_admitted, round_late = self._admit(
+              params, requests, pending, slots, state, results, left)
           prefill_tokens += n_tokens
           kept += n_admitted
+          late += round_late
       if not (slots.request >= 0).any():
         break  # all done, or the window has no room left for new requests
+      # A window's queued requests must start at the step a slot frees up
+      # (their budget is what is left of the window). Without a window a
+      # request's tokens do not depend on when it starts.
+      rows = 1 if (pending and window is not None and
+                   window - steps - 1 >= min_admit) else self.steps_per_call
       state, tokens_NxB, logprobs_NxB = engine.generate(
-          params, state, self.steps_per_call)
-      tokens_NxB, logprobs_NxB = np.asarray(tokens_NxB), np.asarray(
-          logprobs_NxB)
-      calls += 1
+          decode_params, state, self.steps_per_call,
+          steps_left=np.minimum(slots.steps_left(), rows),
+          stop_tokens=slots.stop)
+      # One host read per call: the decode output and the first tokens of
+      # the rounds admitted before it.
+      tokens_NxB, logprobs_NxB, firsts = jax.device_get(
+          (tokens_NxB, logprobs_NxB, [(x.prefix.token, x.prefix.logprob)
+                                      for x in late]))
       done_B = np.zeros((n_slots,), bool)
-      for n in range(self.steps_per_call):
+      for x, (token_N, logprob_N) in zip(late, firsts):
+        done_B[x.slots] = self._first_tokens(x.slots, token_N, logprob_N,
+                                             requests, slots, results)
+      late = []
+      rows = min(rows, int(np.sum(tokens_NxB[:, 0] >= 0)))  # steps it ran
+      calls += 1
+      for n in range(rows):
         live = np.flatnonzero(slots.request >= 0)
         if not len(live):
           break
@@ -307,7 +341,7 @@ class Sampler:
     wall = time.perf_counter() - start
     admitted = len(requests) - len(pending)  # all, unless a window closed
     decode_kept = kept - admitted
-    self.last_stats = SamplerStats(
+    stats = SamplerStats(
         requests=admitted, tokens_generated=kept,
         prefill_tokens=prefill_tokens, decode_steps=steps,
         generate_calls=calls,
@@ -315,19 +349,27 @@ class Sampler:
         wall_seconds=wall)
     if progress:
       print(f"sampler: {len(requests)} requests, {kept} tokens in "
-            f"{wall:.2f}s ({self.last_stats.tokens_per_second:.0f} tok/s)",
+            f"{wall:.2f}s ({stats.tokens_per_second:.0f} tok/s)",
             file=sys.stderr)
-    return results  # type: ignore[return-value]
+    return results, stats
 
-  def _admit(self, requests: Sequence[SampleRequest],
+  def _admit(self, params, requests: Sequence[SampleRequest],
              pending: collections.deque, slots: _Slots,
              state: DecodeState, results: list, budget_cap: int | None
-             ) -> tuple[DecodeState, int, int]:
+             ) -> tuple[DecodeState, int, int, list[_Late]]:
     """One admission round: as many pending requests as free slots, one
-    `prefill_batch` per length bucket, one host read of all their first
-    tokens, one `insert_batch` per bucket for those still running.
+    `prefill_batch` per length bucket and one `insert_batch` per bucket.
 
-    Returns (state, prefill tokens, requests admitted).
+    The first tokens are read back at once (one host read for all groups)
+    when one of them could end its request while requests are still
+    pending: then the freed slot goes to another round before decoding, and
+    only the requests still running are inserted. Otherwise every request
+    is inserted and its first token is read with the next decode output
+    (returned as `_Late` groups): one host round trip less per round, the
+    same results (the device does not decode a slot whose token is one of
+    its stop tokens or which has no steps left).
+
+    Returns (state, prefill tokens, requests admitted, late groups).
     """
     engine = self.engine
     free = np.flatnonzero(slots.request < 0)
@@ -336,21 +378,59 @@ class Sampler:
     groups = admission_groups([len(q) for q in seqs], engine.bucket_for,
                               engine.max_prefill_batch)
     prefixes = [engine.prefill_batch(
-        engine.params, [seqs[j] for j in g],
+        params, [seqs[j] for j in g],
         [requests[taken[j]].sampling for j in g],
         [len(requests[taken[j]].prefix) for j in g]) for g in groups]
+    for j, slot in enumerate(free[:len(taken)]):
+      slots.admit(slot, taken[j], requests[taken[j]], budget_cap)
+    defer = not pending or not any(
+        self._first_may_finish(requests[i], slots.budget[slot])
+        for i, slot in zip(taken, free))
+    late = []
+    if defer:
+      for g, prefix in zip(groups, prefixes):
+        slots_g = free[g]
+        slots.first_pending[slots_g] = True
+        state = engine.insert_batch(prefix, state, [int(s) for s in slots_g])
+        late.append(_Late(slots_g, prefix))
+      return state, sum(len(q) for q in seqs), len(taken), late
     firsts = jax.device_get([(p.token, p.logprob) for p in prefixes])
     for g, prefix, (token_N, logprob_N) in zip(groups, prefixes, firsts):
       slots_g = free[g]
-      for j, slot in zip(g, slots_g):
-        slots.admit(slot, taken[j], requests[taken[j]], budget_cap)
-      codes = slots.append(slots_g, token_N[:len(g)], logprob_N[:len(g)],
-                           self.repeat)
-      for slot, code in zip(slots_g[codes > 0], codes[codes > 0]):
-        i = slots.request[slot]
-        results[i] = slots.result(slot, requests[i], code)
-        slots.request[slot] = -1
-      if (codes == 0).any():
+      done_g = self._first_tokens(slots_g, token_N, logprob_N, requests,
+                                  slots, results)
+      if not done_g.all():
         state = engine.insert_batch(prefix, state, [
-            None if code else int(slot) for slot, code in zip(slots_g, codes)])
-    return state, sum(len(q) for q in seqs), len(taken)
+            None if done else int(slot)
+            for slot, done in zip(slots_g, done_g)])
+    return state, sum(len(q) for q in seqs), len(taken), late
+
+  def _first_may_finish(self, req: SampleRequest, budget: int) -> bool:
+    """Whether the token a prefill samples could end `req` (admitted with
+    this budget): a stop token, a budget or length of one token, or a
+    repeat completed by it."""
+    return (bool(req.stop_tokens) or budget <= 1 or
+            req.max_new_tokens - len(req.prefix) <= 1 or
+            (self.repeat.enabled and len(req.prefix) + 1 >= self.repeat.times))
+
+  def _first_tokens(self, slots_g: np.ndarray, token_N: np.ndarray,
+                    logprob_N: np.ndarray,
+                    requests: Sequence[SampleRequest], slots: _Slots,
+                    results: list) -> np.ndarray:
+    """Appends a prefill group's first tokens to its slots and finishes the
+    requests they end; returns which of `slots_g` finished."""
+    n = len(slots_g)
+    slots.first_pending[slots_g] = False
+    codes = slots.append(slots_g, token_N[:n], logprob_N[:n], self.repeat)
+    for slot, code in zip(slots_g[codes > 0], codes[codes > 0]):
+      i = slots.request[slot]
+      results[i] = slots.result(slot, requests[i], code)
+      slots.request[slot] = -1
+    return codes > 0
+
+
+class _Late(NamedTuple):
+  """An admitted prefill group whose first tokens are not read yet."""
+
+  slots: np.ndarray
+  prefix: Prefix

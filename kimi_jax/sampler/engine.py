@@ -7,8 +7,9 @@
   free_resource(state, slot)           -> DecodeState (slot free again)
   max_concurrent_decodes               -> number of slots B
 
-and their batched forms, which the driver uses to cut the per-request host
-cost (one jitted call and one host read per batch instead of per request):
+The work is done by their batched forms, which the driver uses to cut the
+per-request host cost (one jitted call and one host read per batch instead
+of per request); the single-request methods are those with one row:
 
   prefill_batch(params, seqs, samplings, first_indices) -> Prefix (leading N)
   insert_batch(prefix, state, slots)   -> DecodeState (row i now in slots[i])
@@ -19,12 +20,11 @@ is updated in place. On a mesh (`sharder`), slots are split over the batch
 mesh axes (data, fsdp) and key/value heads over `tensor`, exactly as the
 trainer shards activations; params keep the trainer's shardings.
 
-Compilations are bounded: a prefill pads the prompt to the smallest of a few
-length buckets, so prefill and insert compile once per bucket used; a batched
-prefill also pads its batch to the smallest of a few batch buckets, so
+Compilations are bounded: a prefill pads its prompts to the smallest of a
+few length buckets and its batch to the smallest of a few batch buckets, so
 prefill_batch and insert_batch compile at most once per (length bucket, batch
-bucket) pair used; generate once per distinct `n_steps`; init, free_resource
-and free_slots once. `compile_count()` reports the traces so far (each trace
+bucket) pair used; generate once per distinct `n_steps`; init and
+free_slots once. `compile_count()` reports the traces so far (each trace
 is one compilation); `warm_up_admission` compiles every batched pair ahead.
 """
 
@@ -40,13 +40,15 @@ import numpy as np
 
 from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
-from kimi_jax.sampler import handoff
 from kimi_jax.sampler.sampling import (SamplingParams, SlotSampling,
                                        empty_slot_sampling, sample_tokens,
                                        slot_sampling, stacked_slot_sampling)
-from kimi_jax.sharding import Sharder
+from kimi_jax.sharding import Sharder, abstract_arrays
 
 Params = dict[str, Any]
+# Stop tokens per slot the device checks to end a `generate` call early; the
+# driver checks all of a request's stop tokens on the host either way.
+DEVICE_STOP_TOKENS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,14 +118,13 @@ class DecodeState(NamedTuple):
 
 
 class Prefix(NamedTuple):
-  """A prefilled sequence, ready to insert into a slot (batch dim of 1).
+  """N prefilled sequences (N = a batch bucket, 1 for `prefill`), ready to
+  insert into slots.
 
-  k, v: cache entries, (L, 1, bucket, K, Dh); entries past `length` are
-  padding. token/logprob: the first sampled token and its log-prob.
-  index: response index of the token after `token`.
-
-  From `prefill_batch`, N sequences: k, v are (L, N, bucket, K, Dh) and every
-  other field has a leading N; rows past the real sequences are padding.
+  k, v: cache entries, (L, N, bucket, K, Dh); entries past a row's `length`
+  are padding. token/logprob: each row's first sampled token and its
+  log-prob. index: response index of the token after `token`. Every field
+  but k and v has a leading N; rows past the real sequences are padding.
   """
 
   k: jax.Array
@@ -139,34 +140,30 @@ class Engine:
   """Prefill / insert / generate over the policy's KV-cache slots."""
 
   def __init__(self, cfg: ModelConfig, engine_cfg: EngineConfig, *,
-               sharder: Sharder | None = None, params: Params | None = None):
+               sharder: Sharder | None = None):
     if engine_cfg.cache_len > cfg.max_seq_len:
       raise ValueError(f"sampler.cache_len {engine_cfg.cache_len} exceeds "
                        f"model.max_seq_len {cfg.max_seq_len}")
     self.cfg = cfg
     self.engine_cfg = engine_cfg
     self.sharder = sharder
+    self._decode_params_jit = jax.jit(transformer.to_decode_params)
     self._traces: collections.Counter[str] = collections.Counter()
     self._param_shardings = self._make_param_shardings()
+    self._host_sharding = (
+        jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        if sharder is None else sharder.replicated())
     self._state_shardings = self._make_state_shardings()
     self._init_jit = jax.jit(self._init_fn,
                              out_shardings=self._state_shardings)
-    self._prefill_jit = jax.jit(self._prefill_fn)
-    self._insert_jit = jax.jit(self._insert_fn, donate_argnums=(1,),
-                               out_shardings=self._state_shardings)
     self._generate_jit = jax.jit(self._generate_fn, static_argnums=(2,),
                                  donate_argnums=(1,))
-    self._free_jit = jax.jit(self._free_fn, donate_argnums=(0,),
-                             out_shardings=self._state_shardings)
     self._prefill_batch_jit = jax.jit(self._prefill_batch_fn)
     self._insert_batch_jit = jax.jit(self._insert_batch_fn,
                                      donate_argnums=(1,),
                                      out_shardings=self._state_shardings)
     self._free_slots_jit = jax.jit(self._free_slots_fn, donate_argnums=(0,),
                                    out_shardings=self._state_shardings)
-    self.params: Params | None = None
-    if params is not None:
-      self.load_params(params)
 
   # ---- configuration -------------------------------------------------------
 
@@ -230,19 +227,9 @@ class Engine:
 
   @property
   def param_shardings(self) -> Params:
+    """Where the engine's functions expect params; hand them over with
+    `handoff.place_params(params, engine.param_shardings)`."""
     return self._param_shardings
-
-  def load_params(self, params: Params) -> handoff.Handoff:
-    """Takes the trainer's params: shared when shardings agree, else resharded."""
-    self.params, report = handoff.place_params(params, self._param_shardings)
-    return report
-
-  def load_checkpoint(self, directory: str) -> handoff.Handoff:
-    """Restores params saved by `handoff.save_params` into our shardings."""
-    self.params, report = handoff.restore_params(
-        directory, transformer.abstract_params(self.cfg),
-        self._param_shardings)
-    return report
 
   # ---- the contract --------------------------------------------------------
 
@@ -251,40 +238,77 @@ class Engine:
 
   def prefill(self, params: Params, tokens: Sequence[int],
               sampling: SamplingParams, first_index: int = 0) -> Prefix:
-    """Runs the prompt (plus any continued prefix) and samples one token.
+    """Runs the prompt (plus any continued prefix) and samples one token:
+    `prefill_batch` of one sequence (a prefix of one row).
 
     first_index: response index of the token sampled here (the length of the
     continued prefix), so its key is the same as in an uninterrupted run.
     """
-    n = len(tokens)
-    if n == 0:
-      raise ValueError("prefill needs at least one token")
-    bucket = self.bucket_for(n)
-    tokens_1xT = np.zeros((1, bucket), np.int32)
-    tokens_1xT[0, :n] = tokens
-    return self._prefill_jit(params, tokens_1xT, np.int32(n),
-                             slot_sampling(sampling), np.int32(first_index))
+    return self.prefill_batch(params, [tokens], [sampling], [first_index])
 
   def insert(self, prefix: Prefix, state: DecodeState, slot: int
              ) -> DecodeState:
-    self._check_slot(slot)
-    return self._insert_jit(prefix, state, np.int32(slot))
+    """Row 0 of `prefix` into `slot`: `insert_batch` of one slot."""
+    return self.insert_batch(prefix, state, [slot])
 
-  def generate(self, params: Params, state: DecodeState, n_steps: int = 1
+  def decode_params(self, params: Params) -> transformer.DecodeParams:
+    """Params split per layer for `generate` (a copy of the layer weights).
+    Pass the result to every `generate` call of a rollout; given the
+    stacked params, `generate` splits them on each call."""
+    return self._decode_params_jit(params)
+
+  def generate(self, params: Params | transformer.DecodeParams,
+               state: DecodeState, n_steps: int = 1, *, steps_left=None,
+               stop_tokens=None
                ) -> tuple[DecodeState, jax.Array, jax.Array]:
     """n_steps decode steps for every slot in one call.
 
     Returns tokens_NxB and logprobs_NxB; rows of free slots are meaningless.
-    Every active slot advances n_steps tokens: the caller discards what a
-    slot produced after its stop.
+    Without the keywords every active slot advances n_steps tokens and the
+    caller discards what a slot produced after its stop. With them the
+    device stops a slot early: steps_left[b] is how many more tokens slot b
+    may produce (its length or budget limit), stop_tokens[b] up to
+    `DEVICE_STOP_TOKENS` of its stop tokens (-1: none); a stopped slot no
+    longer advances (its later entries are 0), and a slot whose current
+    token is one of its stop tokens does not run at all. The call ends once no slot
+    runs; the tokens of steps it did not run are -1. The host still applies
+    every finish rule itself.
     """
     if n_steps < 1:
       raise ValueError(f"n_steps must be >= 1, got {n_steps}")
-    return self._generate_jit(params, state, int(n_steps))
+    if not isinstance(params, transformer.DecodeParams):
+      params = self.decode_params(params)
+    B = self.max_concurrent_decodes
+    left_B = np.full((B,), n_steps, np.int32)
+    if steps_left is not None:
+      left_B[:] = np.minimum(np.asarray(steps_left), n_steps)
+    stop_BxW = np.full((B, DEVICE_STOP_TOKENS), -1, np.int32)
+    if stop_tokens is not None:
+      stop = np.asarray(stop_tokens, np.int32)[:, :DEVICE_STOP_TOKENS]
+      stop_BxW[:, :stop.shape[1]] = stop
+    return self._generate_jit(params, state, int(n_steps),
+                              *self._put_slots((left_B, stop_BxW)))
+
+  def _slot_sharding(self, ndim: int) -> jax.sharding.Sharding:
+    """How an array with a leading slot axis (and ndim - 1 more) lies: as
+    the slots of the decode state."""
+    sharding = self._state_shardings.active
+    if isinstance(sharding, jax.sharding.NamedSharding) and ndim > 1:
+      sharding = jax.sharding.NamedSharding(
+          sharding.mesh, jax.sharding.PartitionSpec(
+              *sharding.spec, *([None] * (ndim - 1))))
+    return sharding
+
+  def _put_slots(self, xs: tuple[np.ndarray, ...]) -> tuple[jax.Array, ...]:
+    """Host arrays with a leading slot axis, placed as the slots lie (one
+    transfer for all)."""
+    return jax.device_put(xs, tuple(self._slot_sharding(x.ndim) for x in xs))
 
   def free_resource(self, state: DecodeState, slot: int) -> DecodeState:
+    """`free_slots` of one slot."""
     self._check_slot(slot)
-    return self._free_jit(state, np.int32(slot))
+    return self.free_slots(state, np.arange(self.max_concurrent_decodes) ==
+                           slot)
 
   # ---- batched forms ------------------------------------------------------
 
@@ -314,9 +338,8 @@ class Engine:
       tokens_NxT[i, :len(seq)] = seq
       lengths_N[i] = len(seq)
       first_N[i] = first_indices[i]
-    return self._prefill_batch_jit(params, tokens_NxT, lengths_N,
-                                   stacked_slot_sampling(samplings, N),
-                                   first_N)
+    return self._prefill_batch_jit(params, *self._put((
+        tokens_NxT, lengths_N, stacked_slot_sampling(samplings, N), first_N)))
 
   def insert_batch(self, prefix: Prefix, state: DecodeState,
                    slots: Sequence[int | None]) -> DecodeState:
@@ -337,7 +360,7 @@ class Engine:
       raise ValueError(f"insert_batch: slots repeat: {list(slots)}")
     slots_N = np.full((N,), B, np.int32)  # B: out of range, dropped
     slots_N[:len(slots)] = [B if s is None else s for s in slots]
-    return self._insert_batch_jit(prefix, state, slots_N)
+    return self._insert_batch_jit(prefix, state, self._put(slots_N))
 
   def free_slots(self, state: DecodeState, mask_B) -> DecodeState:
     """Frees every slot whose mask entry is true, in one call."""
@@ -345,7 +368,44 @@ class Engine:
     if mask_B.shape != (self.max_concurrent_decodes,):
       raise ValueError(f"free_slots: mask of shape {mask_B.shape}, want "
                        f"({self.max_concurrent_decodes},)")
-    return self._free_slots_jit(state, mask_B)
+    return self._free_slots_jit(state, self._put(mask_B))
+
+  def aot_functions(self, n_steps: int) -> dict[str, tuple[Any, tuple]]:
+    """The engine's jitted functions at their largest shapes, with abstract
+    sharded arguments, for ahead-of-time compilation (`kimi_jax.aot`): the
+    batched prefill at the largest length and batch bucket, and `generate`
+    of `n_steps` decode steps over every slot of a full cache."""
+    params = abstract_arrays(transformer.abstract_params(self.cfg),
+                             self._param_shardings)
+    N, T = self.max_prefill_batch, self.max_prefill_len
+    host = lambda shape, dtype: jax.ShapeDtypeStruct(
+        shape, dtype, sharding=self._host_sharding)
+    sampling = abstract_arrays(
+        stacked_slot_sampling([SamplingParams()] * N, N), self._host_sharding)
+    prefill = (params, host((N, T), np.int32), host((N,), np.int32), sampling,
+               host((N,), np.int32))
+    # Decode params: each layer's leaves keep their sharding without the
+    # leading (unsharded) layer axis.
+    drop_layer_axis = lambda s: (jax.sharding.NamedSharding(
+        s.mesh, jax.sharding.PartitionSpec(*s.spec[1:])) if isinstance(
+            s, jax.sharding.NamedSharding) else s)
+    shardings = self._param_shardings
+    decode = abstract_arrays(
+        jax.eval_shape(transformer.to_decode_params, params),
+        transformer.DecodeParams(
+            top={k: v for k, v in shardings.items() if k != "layers"},
+            layers=[jax.tree.map(drop_layer_axis, shardings["layers"])]
+            * self.cfg.n_layers))
+    state = abstract_arrays(jax.eval_shape(self._init_state),
+                            self._state_shardings)
+    B = self.max_concurrent_decodes
+    slots = lambda *shape: jax.ShapeDtypeStruct(
+        (B,) + shape, np.int32, sharding=self._slot_sharding(1 + len(shape)))
+    return {
+        "sampler_prefill": (self._prefill_batch_jit, prefill),
+        "sampler_generate": (self._generate_jit, (
+            decode, state, int(n_steps), slots(), slots(DEVICE_STOP_TOKENS))),
+    }
 
   def warm_up_admission(self, params: Params,
                         lengths: Sequence[int] | None = None) -> int:
@@ -363,6 +423,11 @@ class Engine:
     jax.block_until_ready(self.free_slots(
         state, np.ones((self.max_concurrent_decodes,), bool)))
     return len(buckets) * len(self.engine_cfg.batch_buckets)
+
+  def _put(self, host_tree):
+    """Host inputs of a call, placed explicitly (replicated: they are a few
+    ints per slot or per prompt token)."""
+    return jax.device_put(host_tree, self._host_sharding)
 
   def _check_slot(self, slot: int) -> None:
     if not 0 <= slot < self.max_concurrent_decodes:
@@ -383,42 +448,6 @@ class Engine:
     self._traces["init_decode_state"] += 1
     return self._init_state()
 
-  def _prefill_fn(self, params, tokens_1xT, length, sampling: SlotSampling,
-                  first_index) -> Prefix:
-    self._traces["prefill"] += 1
-    T = tokens_1xT.shape[1]
-    positions_1xT = jnp.arange(T, dtype=jnp.int32)[None]
-    segments_1xT = (positions_1xT < length).astype(jnp.int32)
-    cache = transformer.init_cache(self.cfg, 1, T)
-    logits_1xTxV, cache = transformer.forward(
-        params, tokens_1xT, positions_1xT, segments_1xT, cfg=self.cfg,
-        cache=cache, sharder=self.sharder)
-    last_1xV = jax.lax.dynamic_index_in_dim(logits_1xTxV[0], length - 1,
-                                            keepdims=True)
-    batched = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], sampling)
-    token_1, logprob_1 = self._replicated(
-        sample_tokens(last_1xV, batched, first_index[None]))
-    return Prefix(k=cache.k, v=cache.v, length=length, token=token_1[0],
-                  logprob=logprob_1[0], index=first_index + 1,
-                  sampling=sampling)
-
-  def _insert_fn(self, prefix: Prefix, state: DecodeState, slot
-                 ) -> DecodeState:
-    self._traces["insert"] += 1
-    start = (0, slot, 0, 0, 0)
-    cache = transformer.KVCache(
-        k=jax.lax.dynamic_update_slice(state.cache.k, prefix.k, start),
-        v=jax.lax.dynamic_update_slice(state.cache.v, prefix.v, start),
-        lengths=state.cache.lengths.at[slot].set(prefix.length))
-    sampling = SlotSampling(*[
-        cur.at[slot].set(new) for cur, new in zip(state.sampling,
-                                                  prefix.sampling)])
-    return DecodeState(cache=cache,
-                       tokens=state.tokens.at[slot].set(prefix.token),
-                       index=state.index.at[slot].set(prefix.index),
-                       active=state.active.at[slot].set(True),
-                       sampling=sampling)
-
   def _prefill_batch_fn(self, params, tokens_NxT, lengths_N,
                         sampling_N: SlotSampling, first_N) -> Prefix:
     self._traces["prefill_batch"] += 1
@@ -426,11 +455,13 @@ class Engine:
     positions_NxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (N, T))
     segments_NxT = (positions_NxT < lengths_N[:, None]).astype(jnp.int32)
     cache = transformer.init_cache(self.cfg, N, T)
-    logits_NxTxV, cache = transformer.forward(
+    x_NxTxD, cache = transformer.hidden_states(
         params, tokens_NxT, positions_NxT, segments_NxT, cfg=self.cfg,
-        cache=cache, sharder=self.sharder)
-    last_NxV = jnp.take_along_axis(
-        logits_NxTxV, (lengths_N - 1)[:, None, None], axis=1)[:, 0]
+        cache=cache, prefill=True, sharder=self.sharder)
+    # Logits of each row's last real token only: never N x T x V.
+    last_Nx1xD = jnp.take_along_axis(x_NxTxD, (lengths_N - 1)[:, None, None],
+                                     axis=1)
+    last_NxV = transformer.unembed(params, last_Nx1xD, cfg=self.cfg)[:, 0]
     tokens_N, logprobs_N = self._replicated(
         sample_tokens(last_NxV, sampling_N, first_N))
     return Prefix(k=cache.k, v=cache.v, length=lengths_N, token=tokens_N,
@@ -456,26 +487,56 @@ class Engine:
         active=put(state.active, jnp.ones_like(prefix.length, bool)),
         sampling=SlotSampling(*map(put, state.sampling, prefix.sampling)))
 
-  def _step(self, params, state: DecodeState
-            ) -> tuple[DecodeState, tuple[jax.Array, jax.Array]]:
-    """One token for every slot; free slots compute but do not advance."""
-    segments_Bx1 = state.active.astype(jnp.int32)[:, None]
-    positions_Bx1 = state.cache.lengths[:, None]
-    logits_Bx1xV, cache = transformer.forward(
-        params, state.tokens[:, None], positions_Bx1, segments_Bx1,
-        cfg=self.cfg, cache=state.cache, sharder=self.sharder)
-    tokens_B, logprobs_B = sample_tokens(logits_Bx1xV[:, 0], state.sampling,
-                                         state.index)
-    new = state._replace(
-        cache=cache,
-        tokens=jnp.where(state.active, tokens_B, state.tokens),
-        index=state.index + state.active.astype(jnp.int32))
-    return new, (tokens_B, logprobs_B)
+  def _generate_fn(self, params: transformer.DecodeParams,
+                   state: DecodeState, n_steps: int, steps_left_B, stop_BxW):
+    """Up to n_steps tokens for every running slot, in one while loop.
 
-  def _generate_fn(self, params, state: DecodeState, n_steps: int):
+    A slot runs while it is active, has steps left and has not sampled one
+    of its stop tokens; the loop ends after n_steps or when no slot runs.
+    Entries of slots not running are 0; rows past the end, -1. The cache goes to per-layer decode layouts
+    once here, not once per token (see transformer.decode_step).
+    """
     self._traces["generate"] += 1
-    state, (tokens_NxB, logprobs_NxB) = jax.lax.scan(
-        lambda s, _: self._step(params, s), state, None, length=n_steps)
+    B = self.max_concurrent_decodes
+    cache = transformer.to_decode_cache(state.cache)
+    # A slot whose last token is one of its stop tokens has finished (its
+    # first token, when the driver inserted it before reading it).
+    running_B = (state.active & (steps_left_B > 0) &
+                 ~jnp.any(stop_BxW == state.tokens[:, None], axis=1))
+    outputs = (jnp.full((n_steps, B), -1, jnp.int32),
+               jnp.zeros((n_steps, B), jnp.float32))
+
+    def go_on(carry):
+      i, running_B = carry[0], carry[4]
+      return (i < n_steps) & jnp.any(running_B)
+
+    def step(carry):
+      (i, tokens_B, index_B, lengths_B, running_B, left_B, cache,
+       (tokens_NxB, logprobs_NxB)) = carry
+      logits_Bx1xV, cache = transformer.decode_step(
+          params, tokens_B, lengths_B, cache, cfg=self.cfg,
+          sharder=self.sharder)
+      new_B, logprobs_B = sample_tokens(logits_Bx1xV[:, 0], state.sampling,
+                                        index_B)
+      run_B = running_B.astype(jnp.int32)
+      stopped_B = jnp.any(stop_BxW == new_B[:, None], axis=1)
+      left_B = left_B - run_B
+      outputs = (
+          jax.lax.dynamic_update_index_in_dim(
+              tokens_NxB, jnp.where(running_B, new_B, 0), i, 0),
+          jax.lax.dynamic_update_index_in_dim(
+              logprobs_NxB, jnp.where(running_B, logprobs_B, 0.0), i, 0))
+      return (i + 1, jnp.where(running_B, new_B, tokens_B), index_B + run_B,
+              lengths_B + run_B, running_B & (left_B > 0) & ~stopped_B,
+              left_B, cache, outputs)
+
+    carry = (jnp.int32(0), state.tokens, state.index, state.cache.lengths,
+             running_B, steps_left_B, cache, outputs)
+    (_, tokens_B, index_B, lengths_B, _, _, cache,
+     (tokens_NxB, logprobs_NxB)) = jax.lax.while_loop(go_on, step, carry)
+    state = state._replace(
+        cache=transformer.from_decode_cache(cache, lengths_B),
+        tokens=tokens_B, index=index_B)
     if self._state_shardings is not None:
       state = jax.lax.with_sharding_constraint(state, self._state_shardings)
     tokens_NxB, logprobs_NxB = self._replicated((tokens_NxB, logprobs_NxB))
@@ -487,13 +548,6 @@ class Engine:
     if self.sharder is None:
       return tree
     return jax.lax.with_sharding_constraint(tree, self.sharder.replicated())
-
-  def _free_fn(self, state: DecodeState, slot) -> DecodeState:
-    self._traces["free_resource"] += 1
-    return state._replace(
-        cache=state.cache._replace(
-            lengths=state.cache.lengths.at[slot].set(0)),
-        active=state.active.at[slot].set(False))
 
   def _free_slots_fn(self, state: DecodeState, mask_B) -> DecodeState:
     self._traces["free_slots"] += 1

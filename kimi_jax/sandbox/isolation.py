@@ -23,9 +23,12 @@ WORKDIR = "/box"
 DEFAULT_HOST_UID = 64000
 # The sandbox user, as seen from inside.
 INNER_UID = 1000
-# V8 reserves a lot of virtual memory up front (code range, cages); node
-# needs this much address space on top of its heap to even start.
-JS_ADDRESS_SPACE_OVERHEAD_MB = 1024
+# V8 reserves a lot of virtual memory it never touches (code range, heap
+# cages, ~0.6 GiB more per worker_threads Worker), so node's address-space
+# cap is loose (room for about five Workers); its memory is held by RLIMIT_DATA (which counts every
+# private writable mapping: heap, off-heap Buffers, wasm memory, thread
+# stacks), --max-old-space-size and the supervisor's RSS watchdog.
+JS_ADDRESS_SPACE_OVERHEAD_MB = 4096
 STACK_KB = 8192  # also the default thread stack size, so keep it modest
 SHM_MAX_MB = 16
 # Written by the driver to the status pipe: started, and compiled OK.
@@ -153,11 +156,14 @@ def bwrap_prefix(tc: Toolchain, etc_dir: str, host_uid: int) -> tuple[str, ...]:
   return tuple(args)
 
 
-def bwrap_run_args(limits: SandboxLimits, files: list[tuple[int, str]]) -> list[str]:
-  """Per-run mounts: the size-capped tmpfs workdir, /dev/shm, the files."""
+def bwrap_run_args(limits: SandboxLimits, files: list[tuple[int, str]],
+                   seccomp_fd: int | None = None) -> list[str]:
+  """Per-run mounts (the size-capped tmpfs workdir, /dev/shm, the files) and
+  the seccomp filter (a fresh fd per run: bwrap reads it to the end)."""
   tmpfs = limits.tmpfs_size_mb << 20
   shm = min(limits.tmpfs_size_mb, SHM_MAX_MB) << 20
-  args = ["--size", str(shm), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+  args = [] if seccomp_fd is None else ["--seccomp", str(seccomp_fd)]
+  args += ["--size", str(shm), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
           "--size", str(tmpfs), "--tmpfs", WORKDIR]
   for fd, name in files:
     args += ["--perms", "0644", "--file", str(fd), f"{WORKDIR}/{name}"]
@@ -165,13 +171,20 @@ def bwrap_run_args(limits: SandboxLimits, files: list[tuple[int, str]]) -> list[
   return args
 
 
+def cpu_rlimit_s(cpu_s: float) -> int:
+  """The soft RLIMIT_CPU for a limit of `cpu_s` (whole seconds)."""
+  return max(1, math.ceil(cpu_s))
+
+
 def _ulimits(cpu_s: float, memory_mb: int, nproc: int, fsize_mb: int,
-             nofile: int) -> str:
-  cpu = max(1, math.ceil(cpu_s))
+             nofile: int, address_space_mb: int | None = None) -> str:
+  cpu = cpu_rlimit_s(cpu_s)
+  address_space_mb = address_space_mb or memory_mb
   # dash's ulimit sets soft and hard together unless told; soft CPU first
   # (SIGXCPU), hard one second later (SIGKILL) for programs that catch it.
   parts = ["ulimit -c 0", f"ulimit -s {STACK_KB}", f"ulimit -S -t {cpu}",
-           f"ulimit -H -t {cpu + 1}", f"ulimit -v {memory_mb * 1024}",
+           f"ulimit -H -t {cpu + 1}", f"ulimit -v {address_space_mb * 1024}",
+           f"ulimit -d {memory_mb * 1024}",
            f"ulimit -p {nproc}", f"ulimit -n {nofile}",
            f"ulimit -f {fsize_mb * 2048}"]  # -f counts 512-byte blocks
   fail = (f"{{ echo '{DRIVER_FAIL_PREFIX} cannot set resource limits' >&2; "
@@ -198,10 +211,10 @@ def driver_script(language: str, tc: Toolchain, limits: SandboxLimits,
     return (f"{started}; {run_limits}; "
             f"exec {tc.python} {flags} {main} 0<{stdin}")
   if language == "javascript":
-    js_limits = _ulimits(limits.cpu_time_s,
-                         limits.memory_mb + JS_ADDRESS_SPACE_OVERHEAD_MB,
+    js_limits = _ulimits(limits.cpu_time_s, limits.memory_mb,
                          limits.max_processes, limits.max_file_size_mb,
-                         limits.max_open_files)
+                         limits.max_open_files,
+                         limits.memory_mb + JS_ADDRESS_SPACE_OVERHEAD_MB)
     return (f"{started}; {js_limits}; "
             f"exec {tc.node} --max-old-space-size={limits.memory_mb} "
             f"--v8-pool-size=1 {main} 0<{stdin}")

@@ -26,10 +26,82 @@ class RawOutcome:
   stdout: bytes
   stderr: bytes
   status: bytes  # driver status pipe (markers + compiler output)
-  killed: str | None  # None, "timeout", "compile_timeout" or "output_limit"
+  # None, "timeout", "compile_timeout", "output_limit" or "memory_limit"
+  killed: str | None
   truncated: bool
   wall_s: float
   cpu_s: float  # user+system time of the whole sandbox tree
+  # Some process of the program was seen past (nearly) its CPU rlimit.
+  cpu_limit_hit: bool = False
+  peak_memory_bytes: int = 0  # largest resident total the watchdog saw
+
+
+@dataclass(frozen=True)
+class Watch:
+  """What the watchdog enforces while the program runs.
+
+  memory_bytes: resident anonymous + shared-memory pages summed over every
+    process of the sandbox (RSS double-counts nothing shared with the host);
+    over it the whole sandbox is killed -> "memory_limit".
+  compile_memory_bytes: the same during the C++ compile phase.
+  cpu_soft_s: the soft RLIMIT_CPU; a process seen within `cpu_slack_s` of it
+    marks the run as having hit its CPU limit (a SIGKILL at the hard limit,
+    or a parent reporting its child's SIGXCPU, is then a timeout).
+  poll_s: how often the process tree is sampled.
+  """
+  memory_bytes: int
+  compile_memory_bytes: int
+  cpu_soft_s: float
+  poll_s: float = 0.01
+  cpu_slack_s: float = 0.1
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _tree(root: int) -> list[int]:
+  """`root` and all its descendants (threads' children included)."""
+  out, todo = [], [root]
+  while todo:
+    pid = todo.pop()
+    out.append(pid)
+    try:
+      tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+      continue
+    for tid in tids:
+      try:
+        with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+          todo.extend(int(c) for c in f.read().split())
+      except (OSError, ValueError):
+        pass
+  return out
+
+
+def _usage(pid: int) -> tuple[int, float]:
+  """(resident anonymous + shmem bytes, cpu seconds) of one process."""
+  memory = 0
+  try:
+    with open(f"/proc/{pid}/status", "rb") as f:
+      for line in f:
+        if line.startswith((b"RssAnon:", b"RssShmem:")):
+          memory += int(line.split()[1]) << 10
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      fields = f.read().rsplit(b")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / _CLK_TCK
+  except (OSError, ValueError, IndexError):
+    return memory, 0.0
+  return memory, cpu
+
+
+def sample(root: int) -> tuple[int, float]:
+  """(total memory in bytes, largest per-process cpu seconds) of a tree."""
+  total, worst_cpu = 0, 0.0
+  for pid in _tree(root):
+    memory, cpu = _usage(pid)
+    total += memory
+    worst_cpu = max(worst_cpu, cpu)
+  return total, worst_cpu
 
 
 def sealed_memfd(name: str, data: bytes) -> int:
@@ -84,7 +156,8 @@ def _reap(proc: subprocess.Popen, pid_fd: int, timeout_s: float) -> tuple[int | 
 
 def supervise(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...],
               wall_s: float, compile_wall_s: float | None,
-              max_output_bytes: int) -> RawOutcome:
+              max_output_bytes: int, watch: Watch | None = None
+              ) -> RawOutcome:
   """Runs argv with the driver's status pipe as its stdin (dash can only
   redirect single-digit fds, so the program's stdin travels in pass_fds).
   `compile_wall_s` set means a compile phase comes first and the run deadline
@@ -121,12 +194,28 @@ def supervise(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...],
       sel.register(fd, selectors.EVENT_READ)
     sel.register(pid_fd, selectors.EVENT_READ)
     exited = False
+    cpu_limit_hit = False
+    peak = 0
+    next_poll = start + (watch.poll_s if watch else 0.0)
     while killed is None and (exited is False or len(sel.get_map()) > 0):
-      remaining = deadline - time.monotonic()
+      now = time.monotonic()
+      remaining = deadline - now
       if remaining <= 0:
         killed = "timeout" if compiled else "compile_timeout"
         break
-      for key, _ in sel.select(remaining):
+      if watch is not None and not exited and now >= next_poll:
+        memory, cpu = sample(proc.pid)
+        peak = max(peak, memory)
+        cap = watch.memory_bytes if compiled else watch.compile_memory_bytes
+        if compiled and cpu >= watch.cpu_soft_s - watch.cpu_slack_s:
+          cpu_limit_hit = True
+        if memory > cap:
+          killed = "memory_limit"
+          break
+        next_poll = now + watch.poll_s
+      wait_s = remaining if watch is None or exited else min(
+          remaining, max(next_poll - now, 0.0))
+      for key, _ in sel.select(wait_s):
         fd = key.fd
         if fd == pid_fd:
           exited = True
@@ -180,4 +269,5 @@ def supervise(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...],
       os.close(fd)
   return RawOutcome(returncode=returncode, stdout=bytes(bufs[out_r]),
                     stderr=bytes(bufs[err_r]), status=bytes(bufs[status_r]),
-                    killed=killed, truncated=truncated, wall_s=wall, cpu_s=cpu_s)
+                    killed=killed, truncated=truncated, wall_s=wall, cpu_s=cpu_s,
+                    cpu_limit_hit=cpu_limit_hit, peak_memory_bytes=peak)

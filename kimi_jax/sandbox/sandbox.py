@@ -11,8 +11,8 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from kimi_jax.sandbox import isolation
-from kimi_jax.sandbox.runner import RawOutcome, sealed_memfd, supervise
+from kimi_jax.sandbox import isolation, seccomp
+from kimi_jax.sandbox.runner import RawOutcome, Watch, sealed_memfd, supervise
 from kimi_jax.sandbox.types import (MAIN_FILE, MAX_LIMITS, ExecRequest,
                                     ExecResult, RequestCaps, SandboxLimits,
                                     SandboxRequestError, sandbox_error,
@@ -26,7 +26,7 @@ _OOM_PATTERNS = re.compile(
     rb"(^|\n)MemoryError|std::bad_alloc|JavaScript heap out of memory|"
     rb"Fatal process out of memory|Fatal process OOM|"
     rb"Array buffer allocation failed|Cannot allocate memory|"
-    rb"memory exhausted")
+    rb"could not allocate memory|memory exhausted")
 _SIGXCPU = int(signal.SIGXCPU)
 
 
@@ -54,6 +54,9 @@ def classify(raw: RawOutcome, language: str, limits: SandboxLimits) -> ExecResul
 
   if raw.killed == "output_limit":
     return result("output_limit", None)
+  if raw.killed == "memory_limit":
+    return result("memory_limit", None, stderr + "\nkilled by the sandbox: "
+                  f"memory above {limits.memory_mb} MiB")
   if raw.killed == "compile_timeout":
     return result("compile_error", None, _text(compile_out) +
                   f"\ncompilation exceeded {limits.compile_wall_time_s}s")
@@ -72,8 +75,10 @@ def classify(raw: RawOutcome, language: str, limits: SandboxLimits) -> ExecResul
   exit_code = -sig if sig else raw.returncode
   if raw.returncode == 0:
     return result("ok", 0)
-  if sig == _SIGXCPU or (sig == signal.SIGKILL and
-                         raw.cpu_s >= limits.cpu_time_s):
+  # The CPU rlimit: SIGXCPU at the soft limit, SIGKILL at the hard one (for
+  # programs that catch SIGXCPU), or a parent dying of its child's limit.
+  if (sig == _SIGXCPU or raw.cpu_limit_hit or
+      (sig == signal.SIGKILL and raw.cpu_s >= limits.cpu_time_s)):
     return result("timeout", exit_code)
   if _OOM_PATTERNS.search(raw.stderr[-4096:]):
     return result("memory_limit", exit_code)
@@ -94,7 +99,8 @@ class Sandbox:
                gxx: str | None = None,
                python_flags: Sequence[str] = DEFAULT_PYTHON_FLAGS,
                cpp_flags: Sequence[str] = DEFAULT_CPP_FLAGS,
-               host_uid: int = isolation.DEFAULT_HOST_UID):
+               host_uid: int = isolation.DEFAULT_HOST_UID,
+               seccomp_filter: bool = True, memory_poll_s: float = 0.01):
     if not isinstance(max_workers, int) or max_workers < 1:
       raise SandboxRequestError("max_workers", "must be a positive integer")
     self.limits = validate_limits(limits or SandboxLimits(), max_limits)
@@ -106,6 +112,10 @@ class Sandbox:
     self._finalizer = weakref.finalize(self, shutil.rmtree, self._root, True)
     self._prefix = isolation.bwrap_prefix(
         self.toolchain, os.path.join(self._root, "etc"), host_uid)
+    self._seccomp = seccomp.build_filter() if seccomp_filter else None
+    if not 0 < memory_poll_s <= 1:
+      raise SandboxRequestError("memory_poll_s", "must be in (0, 1]")
+    self._memory_poll_s = memory_poll_s
     self._python_flags = tuple(python_flags)
     self._cpp_flags = tuple(cpp_flags)
     self._slots = threading.BoundedSemaphore(max_workers)
@@ -177,6 +187,10 @@ class Sandbox:
       main = MAIN_FILE[req.language]
       fds.append(sealed_memfd(main, req.source.encode("utf-8")))
       files.append((fds[-1], main))
+      seccomp_fd = None
+      if self._seccomp is not None:
+        fds.append(sealed_memfd("seccomp", self._seccomp))
+        seccomp_fd = fds[-1]
       stdin_fd = None
       if req.stdin:
         fds.append(sealed_memfd("stdin", req.stdin.encode("utf-8")))
@@ -184,14 +198,19 @@ class Sandbox:
       script = isolation.driver_script(req.language, self.toolchain, limits,
                                        stdin_fd, self._python_flags,
                                        self._cpp_flags)
-      argv = [*self._prefix, *isolation.bwrap_run_args(limits, files),
+      argv = [*self._prefix,
+              *isolation.bwrap_run_args(limits, files, seccomp_fd),
               "--", "/bin/sh", "-c", script]
       raw = supervise(
           argv, env={"PATH": "/usr/bin:/bin"},
           pass_fds=tuple(fds), wall_s=limits.wall_time_s,
           compile_wall_s=(limits.compile_wall_time_s
                           if req.language == "cpp" else None),
-          max_output_bytes=limits.max_output_bytes)
+          max_output_bytes=limits.max_output_bytes,
+          watch=Watch(memory_bytes=limits.memory_mb << 20,
+                      compile_memory_bytes=limits.compile_memory_mb << 20,
+                      cpu_soft_s=isolation.cpu_rlimit_s(limits.cpu_time_s),
+                      poll_s=self._memory_poll_s))
     finally:
       for fd in fds:
         os.close(fd)

@@ -1,0 +1,169 @@
+"""One RL iteration of a fixed workload, through the real loop.
+
+  python benchmarks/rl_iteration.py --json /tmp/rl_iteration.json
+
+The Qwen2-shaped model of `benchmarks/sampler.py --part peer` (3.94 M
+parameters, random weights, seed 0) runs `RLLoop.iteration` (the shipped
+loop, sampler, learner and weight handoff) on a synthetic task
+(kimi_jax/data/synthetic.py): 8 prompts x 4 samples per iteration, 32 random
+prompt tokens, exactly 64 response tokens (no eos; token budget = max length,
+so no partial rollouts), mirror-descent loss, reference log-probs
+recomputed, one optimizer step over all 32 responses (one minibatch of all 8
+groups, 1 epoch), and a hash reward that differs within every group so no
+group is dropped as uninformative. `sampler.steps_per_call` comes from
+experiments/tiny.py, as a user gets it.
+
+Reported, median over 5 iterations after 2 warm-ups: `iteration_s` (the
+whole iteration: handoff, rollout, reward, reference, update, bookkeeping),
+`rollout_s` (Sampler.generate), `reference_s` (the learner's reference
+log-prob pass, with the optimizer reset), `update_s` (the train step),
+`other_s` (the rest); `update_mfu` = model FLOPs of the update (6 x
+parameters x tokens of the rows trained on) / update_s / the float32 peak of
+a jitted 2048^3 matmul measured in the same process. A timed iteration that
+compiles anything raises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+
+from kimi_jax.config import load_config
+from kimi_jax.data import synthetic
+from kimi_jax.model import transformer
+from kimi_jax.model.config import count_params
+from kimi_jax.rl.config import RLConfig
+from kimi_jax.rl.learner import Learner
+from kimi_jax.rl.loop import RLLoop
+from kimi_jax.rl.loop_state import LoopState
+from kimi_jax.rl.prompt_sampling import PromptSamplingConfig
+from kimi_jax.sampler.config import SamplingSettings
+from kimi_jax.sampler.driver import Sampler
+from kimi_jax.sampler.engine import Engine, EngineConfig
+from kimi_jax.sampler.repetition import RepeatConfig
+from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
+from sampler import (QWEN_SHAPED, CompiledInTimedSection, matmul_peak_flops,
+                     no_compiles, pin_matmul_precision)
+
+PROMPTS, SAMPLES, PROMPT_LEN, RESPONSE_LEN = 8, 4, 32, 64
+WARMUP, TIMED = 2, 5
+TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                    "experiments", "tiny.py")
+
+
+def build_loop() -> tuple[RLLoop, LoopState, object]:
+  cache_len = PROMPT_LEN + RESPONSE_LEN
+  model = dataclasses.replace(QWEN_SHAPED, max_seq_len=cache_len)
+  sharder = Sharder(make_mesh(MeshConfig(), jax.devices()[:1]))
+  steps_per_call = int(load_config(TINY).sampler.steps_per_call)
+  engine = Engine(model, EngineConfig(PROMPTS * SAMPLES, cache_len,
+                                      (PROMPT_LEN, cache_len)),
+                  sharder=sharder)
+  sampler = Sampler(engine, RepeatConfig(enabled=False),
+                    steps_per_call=steps_per_call)
+  rl = RLConfig(iterations=WARMUP + TIMED, prompts_per_iteration=PROMPTS,
+                samples_per_prompt=SAMPLES, loss="mirror_descent",
+                learning_rate=1e-4, minibatch_prompts=PROMPTS, epochs=1,
+                max_response_len=RESPONSE_LEN, token_budget=RESPONSE_LEN,
+                reference_logprobs="recompute",
+                train_len_buckets=(cache_len,), pack_sequences=False)
+  learner = Learner(model, rl, sharder, cache_len=cache_len)
+  task = synthetic.make_synthetic_task(synthetic.SyntheticConfig(
+      vocab_size=model.vocab_size, group_size=SAMPLES, prompt_len=PROMPT_LEN,
+      fixed_len=RESPONSE_LEN, n_prompts=256))
+  loop = RLLoop(rl=rl, seed=0, settings=SamplingSettings(), task=task,
+                sampler=sampler, learner=learner)
+  state = LoopState.initial(group_size=SAMPLES,
+                            max_wait_iterations=rl.max_wait_iterations,
+                            records=task.train,
+                            prompt_sampling=PromptSamplingConfig())
+  train = learner.init_state(transformer.init_sharded(model, 0, sharder))
+  return loop, state, train
+
+
+def check_row(row: dict) -> None:
+  want = PROMPTS * SAMPLES * RESPONSE_LEN
+  if row["generated_tokens"] != want:
+    raise RuntimeError(f"an iteration generated {row['generated_tokens']} "
+                       f"tokens, not {want}")
+  if row.get("groups_trained") != PROMPTS or row.get("minibatches") != 1:
+    raise RuntimeError(f"an iteration trained {row.get('groups_trained')} "
+                       f"groups in {row.get('minibatches')} steps, not "
+                       f"{PROMPTS} in 1")
+
+
+def run() -> dict:
+  load_before = os.getloadavg()
+  peak = matmul_peak_flops()
+  loop, state, train = build_loop()
+  rows = []
+  for i in range(WARMUP + TIMED):
+    if i < WARMUP:
+      state, train, row = loop.iteration(state, train)
+    else:
+      with no_compiles(f"RL iteration {i}"):
+        state, train, row = loop.iteration(state, train)
+    check_row(row)
+    rows.append(row)
+  timed = rows[WARMUP:]
+  med = lambda key: float(np.median([r[key] for r in timed]))
+  other = [r["iteration_s"] - r["rollout_s"] - r["reference_s"] -
+           r["update_s"] for r in timed]
+  model = loop.learner.model
+  n_params = count_params(model)
+  rows_trained_tokens = PROMPTS * SAMPLES * loop.learner.len_buckets[-1]
+  update_flops = 6 * n_params * rows_trained_tokens
+  rollout_tokens = PROMPTS * SAMPLES * RESPONSE_LEN
+  return dict(
+      device=str(jax.devices()[0]), params=n_params,
+      steps_per_call=loop.sampler.steps_per_call,
+      workload=dict(prompts=PROMPTS, samples=SAMPLES, prompt_len=PROMPT_LEN,
+                    response_len=RESPONSE_LEN, warmup=WARMUP, timed=TIMED),
+      iteration_s=med("iteration_s"), rollout_s=med("rollout_s"),
+      reference_s=med("reference_s"), update_s=med("update_s"),
+      other_s=float(np.median(other)), handoff_s=med("handoff_s"),
+      iterations_s=[r["iteration_s"] for r in timed],
+      matmul_peak_flops=peak, update_flops=update_flops,
+      update_mfu=update_flops / med("update_s") / peak,
+      rollout_tok_s=rollout_tokens / med("rollout_s"),
+      rollout_ceiling_fraction=(rollout_tokens / med("rollout_s")) / (
+          peak / (2 * n_params)),
+      loadavg_before=list(load_before), loadavg_after=list(os.getloadavg()))
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(
+      description=__doc__.split("\n\n")[0],
+      epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--json", help="write results here")
+  args = parser.parse_args(argv)
+  precision = pin_matmul_precision()
+  report = dict(run(), matmul_precision=precision)
+  print(f"\nRL iteration, fixed workload ({report['device']}, "
+        f"{report['steps_per_call']} decode steps per call; load "
+        f"{report['loadavg_before'][0]:.2f} -> "
+        f"{report['loadavg_after'][0]:.2f})")
+  print("| iteration s | rollout s | reference s | update s | other s | "
+        "update MFU | rollout tok/s |")
+  print("|---|---|---|---|---|---|---|")
+  print(f"| {report['iteration_s']:.3f} | {report['rollout_s']:.3f} | "
+        f"{report['reference_s']:.3f} | {report['update_s']:.3f} | "
+        f"{report['other_s']:.3f} | {report['update_mfu']:.3f} | "
+        f"{report['rollout_tok_s']:.0f} |")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=1, default=str)
+  return report
+
+
+if __name__ == "__main__":
+  try:
+    main()
+  except CompiledInTimedSection as exc:
+    raise SystemExit(f"benchmark invalid: {exc}") from exc

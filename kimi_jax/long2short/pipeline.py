@@ -1,0 +1,468 @@
+"""The long2short experiment: stages in one workdir, then the comparison.
+
+  WORKDIR/base            SFT on plain chains from the seeded init: the
+                          common ancestor of the long and short models
+  WORKDIR/long            the main job (kimi_jax.job.train_and_evaluate)
+                          from base: long-CoT (detour) warm start, then RL
+  WORKDIR/short_baseline  the same recipe on plain chains
+  WORKDIR/merge           alpha * long + (1 - alpha) * short
+  WORKDIR/samples.json    n responses of the long model per train prompt
+  WORKDIR/shortest_rs     the long model, SFT on each prompt's shortest
+                          correct response
+  WORKDIR/dpo             the long model, DPO on shortest-correct vs
+                          incorrect / > 1.5x longer pairs
+  WORKDIR/l2s_rl          the main job from the long model, no SFT, with
+                          the `l2s_rl` keys replacing `rl`'s
+  WORKDIR/long2short.json every model on the same held-out problems
+  WORKDIR/token_efficiency.png
+
+Each stage's directory is a run workdir (`policies`): export, sampling and
+resuming work on it. A stage that finished leaves `stage.json` and is
+skipped when the command is run again; the main-job stages resume from their
+checkpoints; the others restart. `l2s.long_workdir` / `l2s.short_workdir`
+take existing runs instead of training them (then no base is trained).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import shutil
+import time
+from typing import Any, Callable
+
+import jax
+import ml_collections
+import numpy as np
+
+from kimi_jax import job as job_lib
+from kimi_jax import metrics as metrics_lib
+from kimi_jax import sft as sft_lib
+from kimi_jax import train_step as ts
+from kimi_jax.console import log, progress
+from kimi_jax.data import pointer_chase
+from kimi_jax.experiment import ExperimentConfig, parse_config
+from kimi_jax.long2short import dpo, merge, policies, report, samples
+from kimi_jax.long2short import shortest
+from kimi_jax.long2short.config import (SECTIONS, Long2ShortConfig,
+                                        check_long2short, l2s_config)
+from kimi_jax.rl.evaluation import Evaluator
+from kimi_jax.sharding import batch_shardings, place_batch
+
+RESULT_FILE = "long2short.json"
+FIGURE_FILE = "token_efficiency.png"
+
+
+# ---- configs of the stages ----------------------------------------------------
+
+
+def job_sections(config: ml_collections.ConfigDict
+                 ) -> ml_collections.ConfigDict:
+  """The main-job config: `config` without the long2short sections (an
+  unlocked copy)."""
+  return ml_collections.ConfigDict(
+      {k: v for k, v in config.to_dict().items() if k not in SECTIONS})
+
+
+def _copy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(config.to_dict())
+
+
+def short_config(job_config: ml_collections.ConfigDict,
+                 l2s: Long2ShortConfig) -> ml_collections.ConfigDict:
+  """The short-only recipe: the same job on `l2s.short_cot_style` chains."""
+  c = _copy(job_config)
+  c.task.cot_style = l2s.l2s.short_cot_style
+  c.task.detour_rate = 0.0
+  c.task.max_detours = 0
+  return c
+
+
+def base_config(job_config: ml_collections.ConfigDict,
+                l2s: Long2ShortConfig) -> ml_collections.ConfigDict:
+  """The common ancestor: SFT on short (plain) chains, `l2s.base_sft_steps`
+  steps in rows of `l2s.base_seq_len`, the job's SFT settings otherwise."""
+  c = short_config(job_config, l2s)
+  c.sft.steps = l2s.l2s.base_sft_steps
+  c.sft.seq_len = l2s.l2s.base_seq_len
+  return c
+
+
+def rs_config(job_config: ml_collections.ConfigDict,
+              l2s: Long2ShortConfig) -> ml_collections.ConfigDict:
+  """Shortest rejection sampling's SFT, on the long run's config."""
+  c = _copy(job_config)
+  rs = l2s.shortest_rs
+  c.sft.update(dict(steps=rs.steps, batch_size=rs.batch_size,
+                    learning_rate=rs.learning_rate,
+                    warmup_steps=rs.warmup_steps, decay="constant",
+                    stage2_steps=0))
+  return c
+
+
+def l2s_rl_config(job_config: ml_collections.ConfigDict,
+                  l2s: Long2ShortConfig) -> ml_collections.ConfigDict:
+  """The second RL phase: no SFT; `l2s_rl` keys replace `rl`'s."""
+  c = _copy(job_config)
+  c.sft.steps = 0
+  c.rl.update(l2s.l2s_rl.rl_overrides())
+  return c
+
+
+# ---- stages -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Context:
+  """What every stage shares: configs, the workdir, a job built on the long
+  run's config (its sampler and sharder serve sampling, DPO and the
+  evaluation of every model), stage timings."""
+
+  config: ml_collections.ConfigDict  # the main-job sections
+  cfg: ExperimentConfig
+  l2s: Long2ShortConfig
+  workdir: str
+  seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+  _tools: job_lib.Job | None = None
+
+  def path(self, name: str) -> str:
+    return os.path.join(self.workdir, name)
+
+  @property
+  def tools(self) -> job_lib.Job:
+    if self._tools is None:
+      self._tools = job_lib.build(self.cfg, self.path("eval"))
+    return self._tools
+
+  def shardings(self) -> Any:
+    return policies.param_shardings(self.cfg, self.tools.sharder)
+
+  def params(self, workdir: str) -> Any:
+    """A fresh copy of a stage's policy (fresh: train steps donate their
+    state, and a stage must not consume another's params)."""
+    return policies.read_policy(workdir, self.shardings())[0]
+
+
+def _timed(ctx: Context, name: str, fn: Callable[[], Any]) -> Any:
+  t0 = time.perf_counter()
+  out = fn()
+  ctx.seconds[name] = time.perf_counter() - t0
+  return out
+
+
+def _fresh(path: str) -> None:
+  """A pipeline-run stage restarts from nothing."""
+  if jax.process_index() == 0 and os.path.exists(path):
+    shutil.rmtree(path)
+
+
+def sft_policy(config: ml_collections.ConfigDict, workdir: str,
+               params: Any, texts: list[tuple[str, str]] | None = None
+               ) -> Any:
+  """The job's SFT stage (`kimi_jax.job.run_sft`) on `config`'s sft
+  section from `params`, on the task's warm-start pairs or on `texts`
+  (prompt, response) pairs; writes the result as a policy in `workdir`."""
+  cfg = parse_config(config, jax.device_count())
+  job = job_lib.build(cfg, workdir)
+  if texts is not None:
+    task = dataclasses.replace(job.task, warmstart=lambda seed: texts)
+    job = dataclasses.replace(job, task=task, sft_data=sft_lib.make_sft_data(
+        cfg.sft, task, cfg.task, cfg.seed))
+  optimizer = job_lib.sft_optimizer(cfg)
+  shardings = ts.state_shardings(optimizer, cfg.model, job.sharder)
+  state = ts.create_state(params, optimizer, shardings)
+  state = job_lib.run_sft(job, state, 0, None, optimizer, shardings)
+  job.metrics.close()
+  job.checkpointer.close()
+  policies.write_policy(workdir, config, state.params)
+  return state.params
+
+
+def stage_base(ctx: Context) -> str:
+  path = ctx.path("base")
+  if policies.stage_done(path) is None:
+    _fresh(path)
+    config = base_config(ctx.config, ctx.l2s)
+    cfg = parse_config(config, jax.device_count())
+    log(f"long2short: base, {cfg.sft.steps} SFT steps on "
+        f"{cfg.task.cot_style} chains")
+    tools = ctx.tools
+    init = job_lib.initial_params(dataclasses.replace(tools, cfg=cfg))
+    _timed(ctx, "base", lambda: sft_policy(config, path, init))
+    policies.mark_done(path, {"seconds": ctx.seconds["base"]})
+  return path
+
+
+def _main_job(ctx: Context, name: str, config: ml_collections.ConfigDict,
+              init_from: str | None) -> str:
+  """A main-job run in WORKDIR/name (resumed if it was interrupted),
+  starting from `init_from`'s policy when given."""
+  path = ctx.path(name)
+  if policies.stage_done(path) is None:
+    log(f"long2short: {name} (main job)"
+        + (f" from {init_from}" if init_from else ""))
+    init = None if init_from is None else (
+        lambda job: policies.read_policy(init_from, policies.param_shardings(
+            job.cfg, job.sharder))[0])
+    summary = _timed(ctx, name, lambda: job_lib.train_and_evaluate(
+        config, path, init_params=init))
+    policies.mark_done(path, {"seconds": ctx.seconds[name],
+                              "final_eval": summary["final_eval"]})
+  return path
+
+
+def stage_long(ctx: Context, base: str | None) -> str:
+  if ctx.l2s.l2s.long_workdir:
+    return ctx.l2s.l2s.long_workdir
+  return _main_job(ctx, "long", _copy(ctx.config), base)
+
+
+def stage_short(ctx: Context, base: str | None) -> str:
+  if ctx.l2s.l2s.short_workdir:
+    return ctx.l2s.l2s.short_workdir
+  return _main_job(ctx, "short_baseline", short_config(ctx.config, ctx.l2s),
+                   base)
+
+
+def stage_merge(ctx: Context, long: str, short: str) -> str:
+  path = ctx.path("merge")
+  if policies.stage_done(path) is None:
+    _fresh(path)
+    alpha = ctx.l2s.merge.alpha
+    log(f"long2short: merge, {alpha} x long + {1 - alpha:g} x short")
+    _timed(ctx, "merge", lambda: merge.merge_sources(long, short, path,
+                                                     alpha=alpha))
+    policies.mark_done(path, {"alpha": alpha, "long": long, "short": short})
+  return path
+
+
+def stage_samples(ctx: Context, long: str) -> samples.Samples:
+  """n responses of the long model per train prompt (shared by shortest
+  rejection sampling and DPO); kept in WORKDIR/samples.json."""
+  path = ctx.path("samples.json")
+  task = ctx.tools.task
+  l2s = ctx.l2s.l2s
+  records = list(task.train)
+  if l2s.sample_prompts:
+    rng = np.random.default_rng([ctx.cfg.seed, 17])
+    records = [records[i] for i in sorted(rng.choice(
+        len(records), size=min(l2s.sample_prompts, len(records)),
+        replace=False))]
+  if os.path.isfile(path):
+    with open(path) as f:
+      data = json.load(f)
+    by_id = {r["id"]: r for r in records}
+    return samples.Samples(
+        records=[by_id[i] for i in data["ids"]], prompts=data["prompts"],
+        tokens=data["tokens"],
+        lengths_PxN=np.asarray(data["lengths"], np.int32),
+        correct_PxN=np.asarray(data["correct"], bool))
+  log(f"long2short: sampling {l2s.samples_per_prompt} responses of the long "
+      f"model for each of {len(records)} train prompts")
+  out = _timed(ctx, "samples", lambda: samples.sample(
+      ctx.tools.sampler, ctx.params(long), task, records,
+      n=l2s.samples_per_prompt, max_response_len=ctx.cfg.rl.max_response_len,
+      settings=ctx.cfg.sampler.sampling, seed=ctx.cfg.seed + 2))
+  if jax.process_index() == 0:
+    report.write_json(path, {
+        "ids": [r["id"] for r in out.records], "prompts": out.prompts,
+        "tokens": out.tokens, "lengths": out.lengths_PxN.tolist(),
+        "correct": out.correct_PxN.tolist()})
+  return out
+
+
+def _untrained(ctx: Context, path: str, long: str, name: str, why: str
+               ) -> str:
+  """A method with nothing to train on keeps the long model, and says so
+  (in the log, stage.json and long2short.json)."""
+  log(f"long2short: {name}: {why}; its policy is the long model, untrained")
+  policies.write_policy(path, ctx.config, ctx.params(long))
+  return why
+
+
+def stage_shortest_rs(ctx: Context, long: str, drawn: samples.Samples
+                      ) -> str:
+  path = ctx.path("shortest_rs")
+  if policies.stage_done(path) is None:
+    _fresh(path)
+    texts = shortest.sft_texts(drawn, ctx.tools.task.tokenizer)
+    record = {"examples": len(texts), "prompts": drawn.n_prompts}
+    if texts:
+      log(f"long2short: shortest rejection sampling, SFT on {len(texts)} "
+          f"shortest correct responses ({drawn.n_prompts - len(texts)} "
+          f"prompts without a correct one skipped)")
+      _timed(ctx, "shortest_rs", lambda: sft_policy(
+          rs_config(ctx.config, ctx.l2s), path, ctx.params(long), texts))
+      record["seconds"] = ctx.seconds["shortest_rs"]
+    else:
+      record["untrained"] = _untrained(ctx, path, long, "shortest_rs", (
+          "no sampled prompt has a correct response to fine-tune on"))
+    policies.mark_done(path, record)
+  return path
+
+
+def train_dpo(ctx: Context, ref_params: Any, params: Any,
+              pairs: list[dpo.Pair], metrics: metrics_lib.MetricsWriter
+              ) -> Any:
+  """`dpo.steps` AdamW steps of the DPO loss against the frozen
+  `ref_params`, from `params`; returns the trained params."""
+  cfg, d = ctx.cfg, ctx.l2s.dpo
+  sharder = ctx.tools.sharder
+  shards = sharder.axis_size(sharder.rule_map["batch"])
+  optimizer = ts.make_optimizer(ts.OptimizerConfig(
+      learning_rate=d.learning_rate, warmup_steps=d.warmup_steps,
+      grad_clip=d.grad_clip))
+  shardings = ts.state_shardings(optimizer, cfg.model, sharder)
+  order = np.random.default_rng([cfg.seed, 23]).permutation(len(pairs))
+  batches = dpo.make_batches(
+      [pairs[i] for i in order], n_pairs=d.batch_pairs,
+      n_rows=dpo.row_count(d.batch_pairs, shards), row_len=cfg.sft.seq_len,
+      pad_id=ctx.tools.task.tokenizer.pad_id)
+  # The frozen reference: log pi_ref(y|x) of every pair, once.
+  ref_fn = jax.jit(functools.partial(dpo.pair_logp, cfg=cfg.model,
+                                     sharder=sharder),
+                   out_shardings=sharder.replicated())
+  batches = [b.replace(ref_logp_Px2=np.asarray(jax.device_get(
+      ref_fn(ref_params, place_batch(sharder, b))), np.float32))
+             for b in batches]
+  loss_fn = functools.partial(dpo.batch_loss, cfg=cfg.model, sharder=sharder,
+                              beta=d.beta)
+  step_fn, counter = ts.jit_train_step(loss_fn, optimizer, shardings,
+                                       batch_shardings(sharder, batches[0]))
+  state = ts.create_state(params, optimizer, shardings)
+  pending = None
+  for step in progress(range(d.steps), d.steps, "DPO", cfg.log.progress):
+    batch = batches[step % len(batches)]
+    state, m = step_fn(state, place_batch(sharder, batch))
+    if pending is not None:
+      _dpo_report(metrics, *pending)
+    pending = (step, m)
+  _dpo_report(metrics, *pending)
+  log(f"DPO: {d.steps} steps over {len(pairs)} pairs in {len(batches)} "
+      f"batches, compiled {counter.count}x")
+  return state.params
+
+
+def _dpo_report(metrics: metrics_lib.MetricsWriter, step: int, m) -> None:
+  m = jax.device_get(m)
+  if not m["finite"]:
+    raise ts.NonFiniteError(f"DPO step {step}: loss={m['loss']} grad_norm="
+                            f"{m['grad_norm']}; the update was not applied")
+  metrics.write(step + 1, "dpo", {k: float(v) for k, v in m.items()})
+
+
+def stage_dpo(ctx: Context, long: str, drawn: samples.Samples) -> str:
+  path = ctx.path("dpo")
+  if policies.stage_done(path) is None:
+    _fresh(path)
+    pairs = dpo.all_pairs(drawn, long_ratio=ctx.l2s.dpo.long_ratio)
+    record = {"pairs": len(pairs), "prompts": drawn.n_prompts}
+    if pairs:
+      log(f"long2short: DPO on {len(pairs)} pairs")
+      os.makedirs(path, exist_ok=True)
+      metrics = metrics_lib.MetricsWriter(path,
+                                          enabled=jax.process_index() == 0)
+      params = _timed(ctx, "dpo", lambda: train_dpo(
+          ctx, ctx.params(long), ctx.params(long), pairs, metrics))
+      metrics.close()
+      policies.write_policy(path, ctx.config, params)
+      record["seconds"] = ctx.seconds["dpo"]
+    else:
+      record["untrained"] = _untrained(ctx, path, long, "dpo", (
+          "the samples give no preference pair (no prompt with a correct "
+          "response and an incorrect or a 1.5x longer one)"))
+    policies.mark_done(path, record)
+  return path
+
+
+def stage_l2s_rl(ctx: Context, long: str) -> str:
+  return _main_job(ctx, "l2s_rl", l2s_rl_config(ctx.config, ctx.l2s), long)
+
+
+# ---- the comparison ---------------------------------------------------------------
+
+
+def evaluate(ctx: Context, workdirs: dict[str, str]) -> dict[str, Any]:
+  """Every model on the same held-out problems; writes long2short.json and
+  token_efficiency.png."""
+  tools = ctx.tools
+  evaluator = Evaluator(tools.sampler, tools.task,
+                        samples=ctx.l2s.l2s.eval_samples,
+                        max_response_len=ctx.cfg.rl.max_response_len,
+                        seed=ctx.cfg.seed + 1,
+                        settings=ctx.cfg.sampler.sampling)
+  methods = {}
+  for name, path in workdirs.items():
+    t0 = time.perf_counter()
+    drawn = evaluator.sample(ctx.params(path))
+    methods[name] = dict(report.method_record(drawn, tools.task.eval),
+                         workdir=path)
+    note = (policies.stage_done(path) or {}).get("untrained")
+    if note:
+      methods[name]["untrained"] = note
+    ctx.seconds[f"eval_{name}"] = time.perf_counter() - t0
+    m = methods[name]
+    log(f"long2short: {name}: pass@1 {m['pass_at_1']:.3f} (greedy "
+        f"{m['greedy_accuracy']:.3f}), mean tokens {m['mean_tokens']:.1f}, "
+        f"p90 {m['p90_tokens']:.0f}")
+  shortest_solution = float(np.mean([
+      pointer_chase.minimal_length(r) for r in tools.task.eval]))
+  result = {
+      "methods": methods,
+      "shortest_solution_tokens": shortest_solution,
+      "targets": report.targets(methods, shortest_solution),
+      "eval": {"problems": len(tools.task.eval),
+               "samples_per_problem": ctx.l2s.l2s.eval_samples,
+               "max_response_len": ctx.cfg.rl.max_response_len},
+      "seconds": dict(ctx.seconds),
+  }
+  if jax.process_index() == 0:
+    report.write_json(ctx.path(RESULT_FILE), result)
+    report.plot_token_efficiency(methods, ctx.path(FIGURE_FILE))
+  return result
+
+
+def use_compile_cache(path: str) -> None:
+  """Keeps every compiled program in `path` (JAX's persistent compilation
+  cache): the long, short and long2short RL jobs and the evaluations compile
+  the same programs, so the later ones load them. Process-wide; every
+  program, however quick to compile (on a small CPU host the many small
+  ones add up)."""
+  from jax.experimental.compilation_cache import compilation_cache
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  # A process that has compiled already decided it had no cache.
+  compilation_cache.reset_cache()
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Every stage, then the comparison; returns long2short.json's content."""
+  t0 = time.perf_counter()
+  l2s = l2s_config(config)
+  job_config = job_sections(config)
+  cfg = parse_config(job_config, jax.device_count())
+  check_long2short(l2s, cfg)
+  os.makedirs(workdir, exist_ok=True)
+  ctx = Context(job_config, cfg, l2s, workdir)
+  need_base = not (l2s.l2s.long_workdir and l2s.l2s.short_workdir)
+  base = stage_base(ctx) if need_base and l2s.l2s.base_sft_steps else None
+  long = stage_long(ctx, base)
+  short = stage_short(ctx, base)
+  drawn = stage_samples(ctx, long)
+  workdirs = {"long": long, "short_baseline": short,
+              "merge": stage_merge(ctx, long, short),
+              "shortest_rs": stage_shortest_rs(ctx, long, drawn),
+              "dpo": stage_dpo(ctx, long, drawn),
+              "l2s_rl": stage_l2s_rl(ctx, long)}
+  result = evaluate(ctx, workdirs)
+  result["seconds"]["total"] = time.perf_counter() - t0
+  if jax.process_index() == 0:
+    report.write_json(ctx.path(RESULT_FILE), result)
+  t = result["targets"]
+  log(f"long2short: long/shortest-solution tokens "
+      f"{t['long_over_shortest_solution']:.2f}; best method {t['best_method']}"
+      f": pass@1 gap {t['best_pass_at_1_gap']:+.3f}, token ratio "
+      f"{t['best_token_ratio']:.2f}; targets met: {t['met']}")
+  return result

@@ -1,0 +1,80 @@
+"""Curates an RL prompt set (report 2.1; docs/curation.md).
+
+  python launch/curate.py --config experiments/data/gym_curate.py \\
+      --in RAW.jsonl --out CURATED.jsonl --report REPORT.json \\
+      --held_out EVAL.jsonl --config.policy.workdir=W
+
+Steps (each switchable with --config.curate.<step>=False): format filter
+(multiple-choice / true-false / proof), exact and near-duplicate removal
+(and of repeats of the --held_out evaluation problems),
+domain tags and per-tag balance (optional cap), easy-to-hack filter (no-CoT
+guesses), difficulty by pass rate (pass_rate + difficulty bucket), tag cap.
+The model steps ask the policy of --config.policy.workdir (a kimi_jax run)
+or of --config.policy.experiment (+ init_from_hf) through our sampler, and
+verify with --config.reward.name. Every dropped row goes to --rejected
+(default: OUT with .rejected.jsonl) with its step and reason; the report
+counts rows read, kept and dropped per step and reason.
+"""
+
+import json
+import sys
+
+from absl import app, flags
+
+from kimi_jax.config import define_config_flag, parse_flags
+
+_CONFIG = define_config_flag()
+_IN = flags.DEFINE_string("in", None, "raw prompt set (JSONL)", required=True)
+_OUT = flags.DEFINE_string("out", None, "curated prompt set (JSONL)",
+                           required=True)
+_REPORT = flags.DEFINE_string("report", None, "report (JSON)", required=True)
+_HELD_OUT = flags.DEFINE_string(
+    "held_out", None, "held-out evaluation set (JSONL, same fields): train "
+    "prompts that repeat one of its problems are dropped")
+_REJECTED = flags.DEFINE_string(
+    "rejected", None, "dropped rows with reasons (JSONL; default: OUT with "
+    ".rejected.jsonl)")
+
+
+def rejected_path(out: str) -> str:
+  stem = out[:-len(".jsonl")] if out.endswith(".jsonl") else out
+  return stem + ".rejected.jsonl"
+
+
+def main(argv):
+  del argv
+  from kimi_jax.config import ConfigError
+  from kimi_jax.console import quiet_library_logs
+  from kimi_jax.data import curate as curate_lib
+  from kimi_jax.data import tools_config
+  from kimi_jax.data.records import DataError
+  quiet_library_logs()
+  config = _CONFIG.value
+  try:
+    cfg = tools_config.curate_config(config)
+    # Bad rows stop the run before any weights load.
+    curate_lib.read_rows(flags.FLAGS["in"].value, cfg)
+    held_out = []
+    if _HELD_OUT.value:
+      from kimi_jax.data import records
+      held_out = list(records.load_prompt_source(_HELD_OUT.value,
+                                                 cfg.fields()))
+    policy = reward = None
+    if cfg.needs_model:
+      reward = tools_config.make_reward(config)
+      policy = tools_config.load_policy(tools_config.policy_config(config))
+    result = curate_lib.curate(flags.FLAGS["in"].value, cfg, policy=policy,
+                               reward=reward, held_out=held_out)
+  except ConfigError as exc:
+    sys.exit(f"config error: {exc}")
+  except DataError as exc:
+    sys.exit(f"data error: {exc}")
+  report = curate_lib.write_outputs(
+      result, _OUT.value, _REJECTED.value or rejected_path(_OUT.value),
+      _REPORT.value)
+  print(json.dumps({k: report[k] for k in ("rows", "kept", "dropped",
+                                           "dropped_by_reason")}))
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,37 @@
+"""Writes raw train and held-out problem sets from reasoning-gym's
+generators (docs/curation.md), the input of launch/curate.py.
+
+  python launch/gym_data.py --config experiments/data/gym_curate.py \\
+      --train RAW.jsonl --eval EVAL.jsonl
+
+Datasets, sizes and generator options: --config.gym.* (datasets is a
+comma-separated list, options_json a JSON object of per-dataset options).
+"""
+
+import json
+
+from absl import app, flags
+
+from kimi_jax.config import define_config_flag, parse_flags
+
+_CONFIG = define_config_flag()
+_TRAIN = flags.DEFINE_string("train", None, "train problems (JSONL)",
+                             required=True)
+_EVAL = flags.DEFINE_string("eval", None, "held-out problems (JSONL)",
+                            required=True)
+
+
+def main(argv):
+  del argv
+  from kimi_jax.config import to_dataclass
+  from kimi_jax.data.curate import write_jsonl
+  from kimi_jax.data.gym_problems import GymConfig, problem_sets
+  train, held = problem_sets(to_dataclass(GymConfig, _CONFIG.value.gym,
+                                          "gym"))
+  write_jsonl(_TRAIN.value, train)
+  write_jsonl(_EVAL.value, held)
+  print(json.dumps({"train": len(train), "eval": len(held)}))
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)

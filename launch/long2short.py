@@ -1,0 +1,53 @@
+"""Long2short (report 2.4, 3.4): the long-CoT model, a short-only baseline,
+model merging, shortest rejection sampling, DPO and long2short RL, each
+evaluated on the same held-out problems.
+
+  python launch/long2short.py --config experiments/long2short_tiny.py --workdir /tmp/l2s
+  python launch/long2short.py --config experiments/long2short_tiny.py:micro \\
+      --workdir DIR --config.merge.alpha=0.7 --config.l2s.long_workdir=RUN
+
+Writes WORKDIR/long2short.json (one record per method: pass@1, greedy
+accuracy, mean and p90 response tokens) and WORKDIR/token_efficiency.png.
+Rerun with the same --workdir to continue: finished stages are skipped.
+Stages and files: docs/long2short.md.
+"""
+
+import sys
+
+from absl import app, flags
+
+from kimi_jax.config import ConfigError, define_config_flag, parse_flags
+
+_CONFIG = define_config_flag()
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "where every stage's run and the comparison go",
+    required=True)
+_COMPILE_CACHE = flags.DEFINE_bool(
+    "compile_cache", True,
+    "keep compiled programs in WORKDIR/compile_cache: the long, short and "
+    "long2short RL jobs and the evaluations compile the same programs, so "
+    "the later ones load them instead of compiling again")
+
+
+def main(argv):
+  del argv
+  from kimi_jax.console import quiet_library_logs
+  quiet_library_logs()
+  from kimi_jax.experiment import parse_config
+  from kimi_jax.long2short import config as l2s_config
+  from kimi_jax.long2short import pipeline
+  try:
+    config = _CONFIG.value
+    l2s = l2s_config.l2s_config(config)
+    l2s_config.check_long2short(l2s, parse_config(
+        pipeline.job_sections(config)))
+  except (ConfigError, ValueError) as exc:
+    sys.exit(f"config error: {exc}")
+  if _COMPILE_CACHE.value:
+    import os
+    pipeline.use_compile_cache(os.path.join(_WORKDIR.value, "compile_cache"))
+  pipeline.run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)

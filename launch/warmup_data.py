@@ -1,0 +1,64 @@
+"""Long-CoT warm-up data by rejection sampling (report 2.2;
+docs/curation.md).
+
+  python launch/warmup_data.py --config experiments/data/gym_curate.py \\
+      --in CURATED.jsonl --out WARMUP.jsonl --report WARMUP_REPORT.json \\
+      --config.policy.workdir=W
+
+K responses per prompt (--config.warmup.samples) under a template that
+asks for planning, evaluation, reflection and exploration; the responses
+the reward (--config.reward.name) verifies are kept (all up to
+warmup.max_per_prompt, or the shortest) and written as SFT rows
+{prompt, response} that --config.sft.train_path of the main job reads. The
+report gives the acceptance rate overall and per tag, and examples.
+"""
+
+import json
+import sys
+
+from absl import app, flags
+
+from kimi_jax.config import define_config_flag, parse_flags
+
+_CONFIG = define_config_flag()
+_IN = flags.DEFINE_string("in", None, "curated prompt set (JSONL)",
+                          required=True)
+_OUT = flags.DEFINE_string("out", None, "SFT rows (JSONL)", required=True)
+_REPORT = flags.DEFINE_string("report", None, "report (JSON)", required=True)
+
+
+def main(argv):
+  del argv
+  from kimi_jax.config import ConfigError
+  from kimi_jax.console import quiet_library_logs
+  from kimi_jax.data import curate as curate_lib
+  from kimi_jax.data import records, tools_config, warmup
+  from kimi_jax.data.records import DataError
+  quiet_library_logs()
+  config = _CONFIG.value
+  try:
+    cfg = tools_config.warmup_config(config)
+    fields = tools_config.curate_config(config).fields()
+    source = records.load_prompt_source(flags.FLAGS["in"].value, fields)
+    reward = tools_config.make_reward(config)
+    policy = tools_config.load_policy(tools_config.policy_config(config))
+    result = warmup.rejection_sample(list(source), cfg, policy=policy,
+                                     reward=reward)
+  except ConfigError as exc:
+    sys.exit(f"config error: {exc}")
+  except DataError as exc:
+    sys.exit(f"data error: {exc}")
+  curate_lib.write_jsonl(_OUT.value, result.rows)
+  report = dict(result.report(), input=flags.FLAGS["in"].value,
+                output=_OUT.value)
+  with open(_REPORT.value, "w") as f:
+    json.dump(report, f, indent=2)
+  print(json.dumps({k: report[k] for k in ("prompts", "responses", "correct",
+                                           "acceptance_rate", "rows")}))
+  if not result.rows:
+    sys.exit("warm-up: no verified response; nothing to train on (see the "
+             "report's acceptance rates)")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)

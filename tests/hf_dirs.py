@@ -1,0 +1,217 @@
+"""Hugging Face tokenizer directories built at test time (no downloads): a
+byte-level BPE trained with the `tokenizers` library, special tokens and a
+chat template in the styles of Qwen2 (ChatML) and Llama 3. Shared by the
+chat-template, SFT-data and export tests (and the end-to-end test)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+QWEN_TEMPLATE = """\
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
+{{- 'Tools:\\n' }}
+{%- for tool in tools %}{{- tool | tojson }}{{- '\\n' }}{%- endfor %}
+{{- '<|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- else %}
+{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role in ('user', 'assistant') %}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+{%- elif message.role != 'system' %}
+{{- raise_exception('unknown role: ' + message.role) }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+LLAMA_TEMPLATE = """\
+{{ bos_token }}
+{% if messages[0]['role'] == 'system' %}
+    {% set system = messages[0]['content'] | trim %}
+    {% set rest = messages[1:] %}
+{% else %}
+    {% set system = 'Reason step by step.' %}
+    {% set rest = messages %}
+{% endif %}
+<|start_header_id|>system<|end_header_id|>
+
+Year: {{ strftime_now('%Y') }}
+{{ system }}<|eot_id|>
+{% for message in rest %}
+    {% if message['role'] == 'note' %}
+        {% continue %}
+    {% endif %}
+    {% if (loop.index0 % 2 == 0) != (message['role'] == 'user') %}
+        {{ raise_exception('roles must alternate user/assistant') }}
+    {% endif %}
+<|start_header_id|>{{ message['role'] }}<|end_header_id|>
+
+{{ message['content'] | trim }}<|eot_id|>
+{% endfor %}
+{% if add_generation_prompt %}
+<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}
+"""
+
+CORPUS = [
+    "You are a helpful assistant.", "What is 6 times 7?",
+    "Think step by step, then answer: the answer is 42.",
+    "system user assistant tools", "Reason step by step.",
+    "Compute 12 + 30 and explain the result in one sentence.",
+    "Year: 2025", "<b>bold</b> & ampersands",
+] * 20
+
+def _train_bpe(specials: list[str]) -> tokenizers.Tokenizer:
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+      vocab_size=500, special_tokens=specials,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(CORPUS, trainer)
+  return tok
+
+
+def write_file(path, name: str, value) -> None:
+  with open(os.path.join(path, name), "w") as f:
+    if isinstance(value, str):
+      f.write(value)
+    else:
+      json.dump(value, f)
+
+
+def make_qwen_style_dir(path) -> str:
+  """ChatML tokenizer: eos <|im_end|>, pad <|endoftext|>, no BOS; the
+  generation config stops on both."""
+  os.makedirs(path, exist_ok=True)
+  tok = _train_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+  tok.save(os.path.join(path, "tokenizer.json"))
+  write_file(path, "tokenizer_config.json", {
+      "tokenizer_class": "PreTrainedTokenizerFast",
+      "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+      "bos_token": None, "chat_template": QWEN_TEMPLATE})
+  write_file(path, "generation_config.json", {
+      "eos_token_id": [tok.token_to_id("<|im_end|>"),
+                       tok.token_to_id("<|endoftext|>")]})
+  return str(path)
+
+
+def make_llama_style_dir(path) -> str:
+  """Llama-3-like: BOS added by the post-processor, eos <|eot_id|>, the
+  template in chat_template.jinja (as newer checkpoints save it)."""
+  os.makedirs(path, exist_ok=True)
+  tok = _train_bpe(["<|begin_of_text|>", "<|end_of_text|>",
+                    "<|start_header_id|>", "<|end_header_id|>",
+                    "<|eot_id|>"])
+  bos = tok.token_to_id("<|begin_of_text|>")
+  tok.post_processor = processors.TemplateProcessing(
+      single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>",
+                                                      bos)])
+  tok.save(os.path.join(path, "tokenizer.json"))
+  write_file(path, "tokenizer_config.json", {
+      "tokenizer_class": "PreTrainedTokenizerFast",
+      "bos_token": {"__type": "AddedToken", "content": "<|begin_of_text|>",
+                    "special": True},
+      "eos_token": "<|eot_id|>"})
+  write_file(path, "chat_template.jinja", LLAMA_TEMPLATE)
+  write_file(path, "generation_config.json", {
+      "eos_token_id": [tok.token_to_id("<|end_of_text|>"),
+                       tok.token_to_id("<|eot_id|>")]})
+  return str(path)
+
+
+# ---------------------------------------------------------------------------
+# A tiny Qwen2 checkpoint that answers math prompts (the end-to-end test)
+
+
+def _chain_tokens(tok: tokenizers.Tokenizer, prefix: str,
+                  branches: list[str], suffix: str) -> tuple[list[int],
+                                                             list[int],
+                                                             list[int]]:
+  """Ids of prefix, of each one-token branch, and of suffix; checks that
+  `prefix + branch + suffix` tokenizes as their concatenation and that no
+  id repeats (each id gets one successor)."""
+  pre = tok.encode(prefix, add_special_tokens=False).ids
+  suf = tok.encode(suffix, add_special_tokens=False).ids
+  mid = []
+  for b in branches:
+    ids = tok.encode(prefix + b + suffix, add_special_tokens=False).ids
+    [one] = tok.encode(b, add_special_tokens=False).ids
+    assert ids == pre + [one] + suf, (b, ids)
+    mid.append(one)
+  chain = pre + mid + suf
+  assert len(set(chain)) == len(chain), chain
+  return pre, mid, suf
+
+
+def make_answering_qwen2_dir(path, *, answers: tuple[str, ...] = ("4", "7"),
+                             vocab_size: int = 512, seed: int = 0) -> str:
+  """A random tiny Qwen2 (built with transformers) with the Qwen-style
+  tokenizer of `make_qwen_style_dir`, whose embedding and output rows of a
+  few tokens make it answer every chat prompt with `\\boxed{a}<|im_end|>`,
+  `a` drawn evenly from `answers` (when sampled at temperature 1).
+
+  The rows: the generation prompt's last token and each answer token get
+  large orthogonal embeddings (the random layers barely move them), and the
+  output row of the token that should follow gets a large logit on it. Every
+  other weight stays random, so training changes the logits everywhere.
+  """
+  import numpy as np
+  import torch
+  import transformers
+  make_qwen_style_dir(path)
+  tok = tokenizers.Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+  pre, mid, suf = _chain_tokens(tok, "\\boxed{", list(answers), "}")
+  eos = tok.token_to_id("<|im_end|>")
+  start = tok.encode("<|im_start|>assistant\n",
+                     add_special_tokens=False).ids[-1]
+  # (token, its successors): prompt end -> \boxed{ -> answers -> } -> eos.
+  edges = [(start, [pre[0]])] + [(a, [b]) for a, b in zip(pre, pre[1:])]
+  edges += [(pre[-1], mid)] + [(m, [suf[0]]) for m in mid]
+  edges += [(a, [b]) for a, b in zip(suf, suf[1:])] + [(suf[-1], [eos])]
+  torch.manual_seed(seed)
+  d = 64
+  model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+      vocab_size=vocab_size, hidden_size=d, intermediate_size=96,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+      max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0,
+      tie_word_embeddings=False))
+  rng = np.random.default_rng(seed)
+  basis, _ = np.linalg.qr(rng.normal(size=(d, len(edges))))
+  with torch.no_grad():
+    embed = model.model.embed_tokens.weight
+    head = model.lm_head.weight
+    for (src, nexts), direction in zip(edges, basis.T):
+      # RMS 1: the final norm maps it to sqrt(d) * direction.
+      row = torch.tensor(direction * np.sqrt(d), dtype=torch.float32)
+      embed[src] = row
+      for nxt in nexts:
+        head[nxt] += 20.0 * row / d
+  generation = os.path.join(path, "generation_config.json")
+  with open(generation) as f:
+    ours = f.read()
+  model.save_pretrained(path)
+  with open(generation, "w") as f:  # transformers writes its own
+    f.write(ours)
+  return str(path)
+
+
+def make_unsupported_dir(path) -> str:
+  """A checkpoint directory of an architecture we do not implement."""
+  make_qwen_style_dir(path)
+  write_file(path, "config.json", {
+      "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+      "vocab_size": 512, "n_embd": 64, "n_layer": 2, "n_head": 4})
+  return str(path)

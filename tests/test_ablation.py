@@ -1,0 +1,423 @@
+"""Ablation sweeps (kimi_jax/ablation.py, experiments/ablations.py,
+launch/ablate.py): arm planning and overrides, mean ± std against hand
+computations, skipping finished runs, and a micro ablation end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from kimi_jax import ablation as ab
+from kimi_jax.config import ConfigError, load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ABLATIONS = os.path.join(ROOT, "experiments", "ablations.py")
+TINY = os.path.join(ROOT, "experiments", "tiny.py")
+NAMES = ("loss", "sampling", "length_penalty", "partial_segments", "baseline")
+
+
+def _toy(arms=None, **extra) -> ml_collections.ConfigDict:
+  """An ablation config over the tiny experiment."""
+  c = ml_collections.ConfigDict()
+  c.name = "toy"
+  c.description = "a test"
+  c.base = load_config(TINY + ":micro")
+  arms = arms or {"a": {"rl.tau": 0.5}, "b": {"rl.tau": 2.0,
+                                               "rl.baseline": "soft"}}
+  c.arms = ml_collections.ConfigDict(
+      {k: ab.nest(v) for k, v in arms.items()}, sort_keys=False)
+  c.seed_key = "seed"
+  c.first_seed = 10
+  c.update(extra)
+  return c
+
+
+# ---- planning and overrides ---------------------------------------------------
+
+
+def test_plan_is_one_run_per_arm_and_seed_seed_major(tmp_path):
+  a = ab.parse_ablation(_toy())
+  plan = a.plan(str(tmp_path), 3)
+  assert [(r.arm, r.seed) for r in plan] == [
+      ("a", 10), ("b", 10), ("a", 11), ("b", 11), ("a", 12), ("b", 12)]
+  assert plan[3].workdir == os.path.join(str(tmp_path), "b", "seed11")
+  with pytest.raises(ValueError, match="--seeds"):
+    a.plan(str(tmp_path), 0)
+
+
+def test_run_config_applies_the_arm_and_the_seed_only():
+  config = _toy()
+  a = ab.parse_ablation(config)
+  run = a.plan("/w", 2)[3]  # arm b, seed 11
+  got = a.run_config(run)
+  assert (got.rl.tau, got.rl.baseline, got.seed) == (2.0, "soft", 11)
+  # Everything else is the base, and the base itself is unchanged.
+  flat_got, flat_base = ab.flatten(got), ab.flatten(config.base)
+  changed = {k for k in flat_base if flat_got[k] != flat_base[k]}
+  assert changed == {"rl.tau", "rl.baseline", "seed"}
+  assert (config.base.rl.tau, config.base.seed) == (1.0, 0)
+  # The config is locked: the job cannot grow keys by accident.
+  with pytest.raises(AttributeError):
+    got.rl.new_key = 1
+
+
+def test_nest_and_flatten_are_inverse_and_keep_order():
+  flat = {"rl.tau": 0.5, "prompt_sampling.prioritized": False, "seed": 3}
+  nested = ab.nest(flat)
+  assert nested.rl.tau == 0.5 and not nested.prompt_sampling.prioritized
+  assert ab.flatten(nested) == flat
+  assert list(ab.flatten(nested)) == list(flat)
+
+
+@pytest.mark.parametrize("arms,needle", [
+    ({"a": {"rl.tua": 0.5}, "b": {}}, r"arms\.a\.rl\.tua"),
+    ({"a": {"rl.tau": "big"}, "b": {}}, r"arms\.a\.rl\.tau"),
+    ({"a": {"rl": {"tau": 0.5}}, "b": {"rl": {"tau": 0.5}}},
+     "same settings as arm 'a'"),
+    ({"warm_start": {"rl.tau": 0.5}, "b": {}}, r"arms\.warm_start"),
+    ({"only": {"rl.tau": 0.5}}, "at least two arms"),
+])
+def test_bad_arms_are_rejected_naming_them(arms, needle):
+  c = _toy()
+  c.arms = ml_collections.ConfigDict(
+      {k: (ab.nest(v) if v and "." in next(iter(v)) else v)
+       for k, v in arms.items()})
+  with pytest.raises(ConfigError, match=needle):
+    ab.parse_ablation(c)
+
+
+def test_missing_section_is_rejected():
+  c = _toy()
+  del c["seed_key"]
+  with pytest.raises(ConfigError, match="seed_key"):
+    ab.parse_ablation(c)
+
+
+def test_warm_start_is_shared_only_when_no_arm_changes_what_it_reads():
+  assert ab.parse_ablation(_toy()).shares_warm_start
+  for key, value in (("sft.steps", 5), ("rl.eval_samples", 2),
+                     ("task.max_steps", 2), ("rl.samples_per_prompt", 2)):
+    a = ab.parse_ablation(_toy({"a": {key: value}, "b": {"rl.tau": 2.0}}))
+    assert not a.shares_warm_start, key
+    with pytest.raises(ConfigError, match="cannot be shared"):
+      ab.run_sweep(a, "/nonexistent", 1, run_fn=None, share_warm_start=True)
+  warm = ab.parse_ablation(_toy()).warm_start_config(11)
+  assert (warm.seed, warm.rl.iterations, warm.rl.tau) == (11, 1, 1.0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_ablation_loads_with_its_micro_variant(name):
+  full = ab.load_ablation(f"{ABLATIONS}:{name}")
+  micro = ab.load_ablation(f"{ABLATIONS}:{name},micro")
+  assert full.arm_names == micro.arm_names and len(full.arms) >= 2
+  assert full.shares_warm_start  # the arms change RL keys only
+  assert full.description and full.seed_key == "seed"
+  assert micro.base.rl.iterations <= 3 < full.base.rl.iterations
+  for a in (full, micro):
+    for run in a.plan("/w", 1):
+      cfg = a.run_config(run)  # every override exists and type-checks
+      if run.arm == a.arm_names[0]:
+        continue
+      assert ab.flatten(cfg) != ab.flatten(a.run_config(a.plan("/w", 1)[0]))
+
+
+def test_ablation_variants_cite_the_report_and_reject_unknown_names():
+  text = {n: ab.load_ablation(f"{ABLATIONS}:{n}").description for n in NAMES}
+  assert "Figure 10" in text["loss"] and "Figure 9" in text["sampling"]
+  assert "2.3.3" in text["length_penalty"] and "2.6.2" in text[
+      "partial_segments"] and "2.3.2" in text["baseline"]
+  with pytest.raises(ConfigError, match="unknown ablation"):
+    load_config(ABLATIONS + ":lossy")
+  with pytest.raises(ConfigError, match="unknown modifier"):
+    load_config(ABLATIONS + ":loss,huge")
+  # Overrides reach the base and an arm's own keys (the config is locked:
+  # an arm gains no new key from the command line).
+  a = ab.load_ablation(ABLATIONS + ":sampling", {
+      "base.rl.iterations": 7,
+      "arms.curriculum.prompt_sampling.hard_threshold": 6.0})
+  cfg = a.run_config(a.plan("/w", 1)[1])
+  assert a.plan("/w", 1)[1].arm == "curriculum"
+  assert (cfg.rl.iterations, cfg.prompt_sampling.curriculum,
+          cfg.prompt_sampling.hard_threshold) == (7, "warmup_then_hard", 6.0)
+  with pytest.raises(ConfigError, match=r"arms\.rest\.rl\.tau"):
+    load_config(ABLATIONS + ":loss", {"arms.rest.rl.tau": 0.5})
+
+
+# ---- aggregation ----------------------------------------------------------------
+
+
+def _fake_run(workdir, final, warm, rl_acc, eval_p1, seconds=None):
+  """A finished run's files as the job writes them (summary.json,
+  metrics.jsonl), with given numbers."""
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump({"final_eval": final, "warmstart_eval": warm,
+               "iterations": len(rl_acc)}, f)
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    f.write(json.dumps({"stage": "sft", "step": 10, "loss": 1.0}) + "\n")
+    for step, p1 in eval_p1.items():
+      f.write(json.dumps({"stage": "eval", "step": step, "pass_at_1": p1,
+                          "greedy_accuracy": p1, "mean_length": 3.0}) + "\n")
+    for step, acc in rl_acc.items():
+      f.write(json.dumps({"stage": "rl", "step": step, "accuracy": acc,
+                          "reward": acc, "length_mean": 4.0 + step}) + "\n")
+  if seconds is not None:
+    with open(os.path.join(workdir, ab.TIMING), "w") as f:
+      json.dump({"seconds": seconds}, f)
+
+
+def _evals(p1, greedy, length):
+  return {"pass_at_1": p1, "greedy_accuracy": greedy, "mean_length": length,
+          "n_problems": 10}
+
+
+def test_aggregate_mean_and_sample_std_by_hand(tmp_path):
+  a = ab.parse_ablation(_toy())
+  plan = a.plan(str(tmp_path), 3)
+  by = {(r.arm, r.seed - 10): r.workdir for r in plan}
+  # Arm a: pass@1 0.5, 0.7, 0.9 -> mean 0.7, sample std
+  # sqrt((0.2^2 + 0 + 0.2^2) / 2) = 0.2. Greedy 1, 0, 0 -> mean 1/3, std
+  # sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3). Lengths 10, 12, 17 ->
+  # mean 13, std sqrt((9 + 1 + 16) / 2) = sqrt(13).
+  for k, (p1, g, n) in enumerate([(0.5, 1.0, 10.0), (0.7, 0.0, 12.0),
+                                  (0.9, 0.0, 17.0)]):
+    _fake_run(by["a", k], _evals(p1, g, n), _evals(0.1 * k, 0.0, 5.0),
+              rl_acc={1: 0.1 * k, 2: 0.2 * k, 3: 0.3},
+              eval_p1={0: 0.1, 2: p1} if k < 2 else {0: 0.1, 2: p1, 4: 1.0},
+              seconds=60.0 + k)
+  # Arm b: only seed 0 finished (std undefined).
+  _fake_run(by["b", 0], _evals(0.25, 0.5, 8.0), None, {1: 0.5}, {0: 0.1})
+  res = ab.aggregate(a, plan)
+  arm = res["arms"]["a"]
+  assert arm["n_seeds"] == 3 and arm["seeds"] == [10, 11, 12]
+  assert arm["overrides"] == {"rl.tau": 0.5}
+  f = arm["final"]
+  assert f["pass_at_1"]["mean"] == pytest.approx(0.7)
+  assert f["pass_at_1"]["std"] == pytest.approx(0.2)
+  assert f["greedy_accuracy"]["mean"] == pytest.approx(1 / 3)
+  assert f["greedy_accuracy"]["std"] == pytest.approx(math.sqrt(1 / 3))
+  assert f["mean_length"]["mean"] == pytest.approx(13.0)
+  assert f["mean_length"]["std"] == pytest.approx(math.sqrt(13.0))
+  assert f["pass_at_1"]["values"] == [0.5, 0.7, 0.9]
+  assert arm["warm_start"]["pass_at_1"]["mean"] == pytest.approx(0.1)
+  # Curves: per step over seeds; only steps every seed has (4 is in one).
+  acc = arm["curves"]["rl/accuracy"]
+  assert acc["steps"] == [1, 2, 3]
+  assert acc["mean"] == pytest.approx([0.1, 0.2, 0.3])
+  # iteration 1: 0, 0.1, 0.2 -> std 0.1; iteration 3: all 0.3 -> std 0.
+  assert acc["std"] == pytest.approx([0.1, 0.2, 0.0])
+  p1 = arm["curves"]["eval/pass_at_1"]
+  assert p1["steps"] == [0, 2] and p1["mean"] == pytest.approx([0.1, 0.7])
+  assert arm["run_seconds"] == [60.0, 61.0, 62.0]
+  b = res["arms"]["b"]
+  assert b["n_seeds"] == 1 and b["final"]["pass_at_1"]["std"] is None
+  assert b["warm_start"] is None
+  # Paired with arm a on the seeds both finished (10 only): 0.25 - 0.5.
+  paired = b["vs_reference"]
+  assert paired["reference"] == "a" and paired["seeds"] == [10]
+  assert paired["pass_at_1"]["mean"] == pytest.approx(-0.25)
+  assert paired["mean_length"]["mean"] == pytest.approx(-2.0)
+  assert "vs_reference" not in arm
+  table = ab.markdown_table(res, early_step=2)
+  assert "| a | `rl.tau=0.5` | 3 | 0.700 ± 0.200 | 0.700 ± 0.200 | — | " \
+         "0.333 ± 0.577 | 13.0 ± 3.6 |" in table
+  assert "| b | `rl.tau=2.0`, `rl.baseline=soft` | 1 |  | 0.250 | -0.250 | " \
+         "0.500 | 8.0 |" in table
+  png = ab.plot(res, str(tmp_path / "fig.png"))
+  with open(png, "rb") as fh:
+    assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_mean_std_by_hand():
+  mean, std = ab.mean_std([1.0, 2.0, 4.0])
+  assert mean == pytest.approx(7 / 3)
+  assert std == pytest.approx(math.sqrt(((-4 / 3) ** 2 + (-1 / 3) ** 2 +
+                                         (5 / 3) ** 2) / 2))
+  assert ab.mean_std([3.0]) == (3.0, None)
+  with pytest.raises(ValueError):
+    ab.mean_std([])
+
+
+# ---- resuming a sweep -------------------------------------------------------------
+
+
+class _Recorder:
+  """A stand-in for the main job that writes a summary and records calls;
+  `stop_after` calls, it raises as a kill would interrupt the sweep."""
+
+  def __init__(self, stop_after=None):
+    self.calls = []
+    self.stop_after = stop_after
+
+  def __call__(self, config, workdir):
+    if self.stop_after is not None and len(self.calls) == self.stop_after:
+      raise KeyboardInterrupt
+    self.calls.append((workdir, config.rl.tau, config.seed))
+    _fake_run(workdir, _evals(config.rl.tau / 4, 0.0, 1.0), None, {1: 0.0},
+              {0: 0.0})
+
+
+def test_a_killed_sweep_reruns_only_unfinished_runs(tmp_path):
+  a = ab.parse_ablation(_toy())
+  w = str(tmp_path)
+  first = _Recorder(stop_after=2)
+  with pytest.raises(KeyboardInterrupt):
+    ab.run_sweep(a, w, 2, run_fn=first, log=lambda _: None,
+                 share_warm_start=False)
+  assert [c[0] for c in first.calls] == [os.path.join(w, "a", "seed10"),
+                                         os.path.join(w, "b", "seed10")]
+  # A run whose summary is missing (interrupted mid-run) runs again.
+  os.remove(os.path.join(w, "a", "seed10", "summary.json"))
+  second = _Recorder()
+  plan = ab.run_sweep(a, w, 2, run_fn=second, log=lambda _: None,
+                      share_warm_start=False)
+  assert second.calls == [(os.path.join(w, "a", "seed10"), 0.5, 10),
+                          (os.path.join(w, "a", "seed11"), 0.5, 11),
+                          (os.path.join(w, "b", "seed11"), 2.0, 11)]
+  assert all(r.finished for r in plan)
+  third = _Recorder()
+  ab.run_sweep(a, w, 2, run_fn=third, log=lambda _: None,
+               share_warm_start=False)
+  assert third.calls == []
+  # More seeds later: only the new ones run.
+  ab.run_sweep(a, w, 3, run_fn=third, log=lambda _: None,
+               share_warm_start=False)
+  assert [c[2] for c in third.calls] == [12, 12]
+
+
+def test_sweeps_over_disjoint_seeds_share_a_directory(tmp_path):
+  """One process per seed (first_seed), then one aggregation of all."""
+  w = str(tmp_path)
+  calls = _Recorder()
+  for first in (11, 10):
+    a = ab.parse_ablation(_toy(first_seed=first))
+    ab.run_sweep(a, w, 1, run_fn=calls, log=lambda _: None,
+                 share_warm_start=False)
+  assert sorted(c[2] for c in calls.calls) == [10, 10, 11, 11]
+  a = ab.parse_ablation(_toy())  # first_seed 10
+  res = ab.aggregate(a, a.plan(w, 2))
+  assert res["arms"]["b"]["seeds"] == [10, 11]
+  # tau / 4 of arm b (2.0) in both seeds.
+  assert res["arms"]["b"]["final"]["pass_at_1"]["mean"] == 0.5
+  # Paired over both seeds: (0.5 - 0.125) each time, std 0.
+  assert res["arms"]["b"]["vs_reference"]["pass_at_1"]["mean"] == 0.375
+  assert res["arms"]["b"]["vs_reference"]["pass_at_1"]["std"] == 0.0
+
+
+def test_run_sweep_runs_only_the_arms_asked_for(tmp_path):
+  a = ab.parse_ablation(_toy())
+  calls, logged = _Recorder(), []
+  ab.run_sweep(a, str(tmp_path), 2, run_fn=calls, log=logged.append,
+               share_warm_start=False, arms=["b"])
+  assert [(c[1], c[2]) for c in calls.calls] == [(2.0, 10), (2.0, 11)]
+  assert "4 runs (2 arms x 2 seeds), 0 finished, 2 to run (arms b only)" in (
+      logged[0])
+  with pytest.raises(KeyError, match="no arm 'c'"):
+    ab.run_sweep(a, str(tmp_path), 1, run_fn=calls, log=lambda _: None,
+                 share_warm_start=False, arms=["c"])
+
+
+def test_a_sweep_directory_refuses_a_different_ablation(tmp_path):
+  ab.run_sweep(ab.parse_ablation(_toy()), str(tmp_path), 1,
+               run_fn=_Recorder(), log=lambda _: None, share_warm_start=False)
+  other = ab.parse_ablation(_toy({"a": {"rl.tau": 0.25},
+                                  "b": {"rl.tau": 2.0}}))
+  with pytest.raises(ConfigError, match="ablation_config.json.*arms"):
+    ab.run_sweep(other, str(tmp_path), 1, run_fn=_Recorder(),
+                 log=lambda _: None, share_warm_start=False)
+
+
+# ---- end to end -------------------------------------------------------------------
+
+
+def _rows(workdir, stage):
+  from kimi_jax.metrics import read_jsonl
+  return [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+          if r["stage"] == stage]
+
+
+@pytest.mark.slow
+def test_micro_ablation_end_to_end_resumes_and_matches_unshared_run(tmp_path):
+  """launch/ablate.py on the micro loss ablation (shared warm start); then a
+  run's summary is removed and the sweep rerun: only that run resumes from
+  its own checkpoint. A run of the same arm without the shared warm start
+  gives the same metrics."""
+  w = tmp_path / "sweep"
+  cmd = [sys.executable, os.path.join(ROOT, "launch", "ablate.py"),
+         "--config", ABLATIONS + ":loss,micro", "--workdir", str(w),
+         "--seeds", "1", "--config.base.rl.iterations=2",
+         "--compilation_cache=none"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="",
+             PYTHONPATH=ROOT)
+  out = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                       timeout=900)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "shared warm start" in out.stdout
+  results = json.loads((w / "ablation.json").read_text())
+  assert set(results["arms"]) == {"mirror_descent", "rest"}
+  for arm in ("mirror_descent", "rest"):
+    a = results["arms"][arm]
+    assert a["n_seeds"] == 1
+    summary = json.loads((w / arm / "seed0" / "summary.json").read_text())
+    assert a["final"]["pass_at_1"]["mean"] == summary["final_eval"][
+        "pass_at_1"]
+    assert a["curves"]["rl/accuracy"]["steps"] == [1, 2]
+    # The warm start came from the shared run: same evaluation, same SFT
+    # rows, and no SFT stage in the arm's own log.
+    warm = json.loads((w / "warm_start" / "seed0" / "summary.json"
+                       ).read_text())["warmstart_eval"]
+    assert summary["warmstart_eval"] == warm
+    assert "warm start:" not in out.stdout.split(arm + " seed=0")[1].split(
+        "final held-out")[0]
+  assert (w / "ablation.png").read_bytes()[:4] == b"\x89PNG"
+  assert "| mirror_descent |" in out.stdout
+
+  # Interrupted after its last checkpoint: only rest/seed0 runs again.
+  md = w / "mirror_descent" / "seed0" / "summary.json"
+  md_mtime = md.stat().st_mtime_ns
+  rest = w / "rest" / "seed0"
+  rest_rl = _rows(rest, "rl")
+  os.remove(rest / "summary.json")
+  again = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                         timeout=900)
+  assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+  assert "1 finished, 1 to run" in again.stdout
+  assert f"resuming {rest}" in again.stdout
+  assert "warm start:" not in again.stdout  # no SFT stage, nothing redone
+  assert md.stat().st_mtime_ns == md_mtime
+  assert (rest / "summary.json").exists()
+  assert _rows(rest, "rl") == rest_rl  # no iteration ran twice
+
+  # The same arm without the shared warm start: the same run.
+  # (In a subprocess too: the same single CPU device.)
+  alone = tmp_path / "alone"
+  script = (
+      "import sys; from kimi_jax import ablation as ab; "
+      "from kimi_jax.job import train_and_evaluate; "
+      "a = ab.load_ablation(sys.argv[1], {'base.rl.iterations': 2}); "
+      "train_and_evaluate(a.run_config(a.plan(sys.argv[2], 1)[0]), "
+      "sys.argv[3])")
+  out = subprocess.run([sys.executable, "-c", script, ABLATIONS + ":loss,micro",
+                        str(w), str(alone)], env=env, capture_output=True,
+                       text=True, timeout=900)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "warm start:" in out.stdout  # this one ran its own stage one
+  shared = w / "mirror_descent" / "seed0"
+  for stage, keys in (("rl", ("accuracy", "length_mean", "reward")),
+                      ("eval", ("pass_at_1", "greedy_accuracy",
+                                "mean_length"))):
+    got = [[r[k] for k in keys] for r in _rows(shared, stage)]
+    want = [[r[k] for k in keys] for r in _rows(alone, stage)]
+    assert got == want, stage
+  def losses(workdir):  # iterations that trained
+    return [(r["step"], r["loss"]) for r in _rows(workdir, "rl")
+            if "loss" in r]
+  got, want = losses(shared), losses(alone)
+  assert got and [s for s, _ in got] == [s for s, _ in want]
+  assert [x for _, x in got] == pytest.approx([x for _, x in want], rel=1e-5)

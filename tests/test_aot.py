@@ -1,0 +1,68 @@
+"""The TPU compiler, ahead of time, from this CPU host (needs libtpu, which
+requirements-test.txt installs): a change that breaks TPU lowering of the
+main job's functions fails here."""
+
+import os
+
+import jax
+import pytest
+
+from kimi_jax import aot, plan
+from kimi_jax.config import load_config, to_dataclass
+from kimi_jax.sharding import MeshConfig, Sharder, make_mesh, rules_from_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "experiments", "tiny.py")
+
+
+def test_accelerator_types_and_hbm_by_generation():
+  assert aot.accelerator_type("v5p:4x4x4") == "v5p-128"
+  assert aot.accelerator_type("v5e:2x2") == "v5litepod-4"
+  assert aot.accelerator_type("v6e:8x8") == "v6e-64"
+  assert aot.HBM_BYTES["TPU v5"] == 95 * 10**9
+  assert aot.HBM_BYTES["TPU v5 lite"] == 16 * 10**9
+  with pytest.raises(ValueError, match="v5p:4x4x4"):
+    aot.topology_devices("v5p")
+
+
+@pytest.mark.slow
+def test_tiny_train_step_and_generate_compile_for_v5e_with_splash():
+  devices = aot.topology_devices("v5e:2x2")
+  assert len(devices) == 4 and devices[0].platform == "tpu"
+  assert aot.hbm_bytes(devices) == 16 * 10**9
+  config = load_config(TINY, ["model.attention=splash",
+                              "rl.train_len_buckets=(48,)"])
+  sharder = Sharder(make_mesh(to_dataclass(MeshConfig, config.mesh, "mesh"),
+                              devices),
+                    rules_from_config(config.sharding.rules))
+  functions = plan.main_job_functions(config, sharder)
+  assert set(functions) == {"rl_train_step_T48", "reference_logprobs_T48",
+                            "sampler_prefill", "sampler_generate"}
+  for name in ("rl_train_step_T48", "sampler_generate"):
+    fn, args = functions[name]
+    compiled = fn.lower(*args).compile()
+    memory = compiled.memory_analysis()
+    assert memory.argument_size_in_bytes > 0
+    if name == "rl_train_step_T48":
+      # The Pallas splash kernel (forward and both backward kernels) was
+      # lowered by Mosaic for the TPU, not replaced by anything else.
+      assert compiled.as_text().count("tpu_custom_call") >= 3
+      # The donated state comes back in its own buffers.
+      assert memory.alias_size_in_bytes > 0
+  # The CPU backend of this process is untouched.
+  assert jax.devices()[0].platform == "cpu"
+
+
+def test_a_program_over_hbm_is_reported_with_the_compilers_figure():
+  devices = aot.topology_devices("v5e:2x2")
+  one = jax.sharding.SingleDeviceSharding(devices[0])
+  # 24 GiB of output on a 16 GB chip: the TPU compiler refuses it.
+  fn = jax.jit(lambda x: jax.numpy.broadcast_to(x, (6 * 2**30,)) + 1.0,
+               out_shardings=one)
+  with pytest.raises(aot.CompileOutOfMemory) as info:
+    aot.compile_memory(fn, (jax.ShapeDtypeStruct((), jax.numpy.float32,
+                                                 sharding=one),))
+  assert info.value.used_bytes > 24 * 2**30 * 0.99
+  entry = aot.out_of_memory_json(info.value)
+  assert entry["fits"] is False and entry["total_bytes"] == (
+      info.value.used_bytes)

@@ -1,0 +1,404 @@
+"""Prompt-set curation and rejection sampling (report 2.1, 2.2) on
+hand-made rows and reasoning-gym problems scored by reasoning-gym's own
+verifier; the model is a table of known answers (the sampler-backed policy
+runs in tests/test_curate_e2e.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kimi_jax.data import curate as C
+from kimi_jax.data import dedup, question_format, tagging, warmup
+from kimi_jax.data.records import DataError
+from kimi_jax.rewards.reasoning_gym import ReasoningGymReward, make_records
+
+
+
+class TablePolicy:
+  """Answers prompt i's sample j with `answer_for(prompt, j)`; records every
+  call."""
+
+  def __init__(self, answer_for, too_long: int = 10_000):
+    self.answer_for = answer_for
+    self.too_long = too_long
+    self.calls = []
+
+  def prompt_problem(self, prompt):
+    return "too long" if len(prompt) > self.too_long else None
+
+  def sample(self, prompts, n, *, temperature, max_new_tokens, seed,
+             response_prefix=""):
+    self.calls.append(dict(prompts=list(prompts), n=n,
+                           temperature=temperature, prefix=response_prefix))
+    return [[response_prefix + self.answer_for(p, j) for j in range(n)]
+            for p in prompts]
+
+
+def _write(path, rows):
+  with open(path, "w") as f:
+    for row in rows:
+      f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+  return str(path)
+
+
+def _read(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _no_model(**changes):
+  return C.CurateConfig(easy_to_hack=False, pass_rate=False, **changes)
+
+
+# ---------------------------------------------------------------------------
+# The format detector on a labelled list
+
+LABELLED = [
+    # multiple choice
+    ("Which of the following is prime? A) 4 B) 6 C) 7 D) 9", "C",
+     "multiple_choice"),
+    ("What is 2+2?\n(A) 3\n(B) 4\n(C) 5", "B", "multiple_choice"),
+    ("Pick the capital of France.\nA. Paris\nB. Rome\nC. Madrid", "A",
+     "multiple_choice"),
+    ("Choose the correct answer: the sky is (a) blue (b) green", "a",
+     "multiple_choice"),
+    ("Which of the following numbers is even: 3, 5, 8?", "8",
+     "multiple_choice"),
+    ("Select the correct option for x if 2x = 6.", "3", "multiple_choice"),
+    ("Solve 3x = 9. Answer choices: 1, 2, 3", "3", "multiple_choice"),
+    ("The derivative of x^2 is\nA: x\nB: 2x\nC: x^2", "B",
+     "multiple_choice"),
+    ("[A] 10 [B] 20 [C] 30 -- how many sides does a decagon have?", "A",
+     "multiple_choice"),
+    ("Options:\n1, 2, 3\nHow many primes are below 5? Reply with B for 2.",
+     "B", "multiple_choice"),
+    # true / false
+    ("True or false: every even number greater than 2 is composite.",
+     "False", "true_false"),
+    ("Is 17 a prime number?", "yes", "true_false"),
+    ("Does it logically follow that no cats are dogs? (Answer Yes or No)",
+     "No", "true_false"),
+    ("Answer true/false: 0 is a natural number.", "depends", "true_false"),
+    ("(T/F) The square root of 2 is rational.", "F", "true_false"),
+    ("Is the following statement true: 5 > 3?", "True", "true_false"),
+    ("Can a triangle have two right angles?", "no", "true_false"),
+    ("Is it true that 91 is prime?", "no", "true_false"),
+    ("Determine whether 2^10 > 1000.", "true", "true_false"),
+    ("Yes or no: is 1 a prime?", "No", "true_false"),
+    # proof
+    ("Prove that there are infinitely many primes.", "", "proof"),
+    ("Show that the sum of two odd numbers is even.", "", "proof"),
+    ("Let n be an integer. Prove: n^2 - n is even.", "n/a", "proof"),
+    ("Give a proof that sqrt(2) is irrational.", "", "proof"),
+    ("Demonstrate that the function f(x) = x^3 is injective.", "", "proof"),
+    ("Justify why every bounded monotone sequence converges.", "", "proof"),
+    ("Show that 3 divides n^3 - n for every integer n.", "", "proof"),
+    ("For a triangle with sides a, b, c prove the triangle inequality.",
+     "", "proof"),
+    ("Using induction, prove 1 + 2 + ... + n = n(n+1)/2.", "", "proof"),
+    ("State and prove the AM-GM inequality for two numbers.", "QED",
+     "proof"),
+    # verifiable, nothing to flag
+    ("What is 17 * 23?", "391", None),
+    ("Solve for x: 3x + 5 = 20.", "5", None),
+    ("How many times does the letter 'a' appear in 'banana'?", "3", None),
+    ("Spell this word backward: stone", "enots", None),
+    ("State the final answer: 15 - 43 - 75 =", "-103", None),
+    ("Find the greatest common divisor of 84 and 36.", "12", None),
+    ("A train travels 60 km in 1.5 hours. What is its speed in km/h?",
+     "40", None),
+    ("Sort these numbers in ascending order: 5, 2, 9.", "2, 5, 9", None),
+    ("Compute the area of a circle of radius 2, in terms of pi.", "4\\pi",
+     None),
+    ("Write the binary representation of 10.", "1010", None),
+]
+
+
+def test_detector_labels_forty_examples():
+  assert len(LABELLED) == 40
+  wrong = [(q, want, question_format.detect(q, a))
+           for q, a, want in LABELLED if question_format.detect(q, a) != want]
+  assert not wrong, wrong
+
+
+# ---------------------------------------------------------------------------
+# Duplicates
+
+
+def test_exact_and_near_duplicates():
+  texts = [
+      "What is the sum of 12 and 30?",               # 0 kept
+      "what is the SUM of 12 and 30 ?!",             # 1 exact dup of 0
+      "What is the sum of 12 and 31?",               # 2 other numbers: kept
+      ("In a small village there are 12 houses and every house has 30 "
+       "windows; how many windows are there in the village altogether?"),
+      ("In a small village there are 12 houses and every house has 30 "
+       "windows; how many windows are there in this village altogether?"),
+      "Spell this word backward: stone",             # 5 kept
+  ]
+  dups = dedup.find_duplicates(texts)
+  assert [(d.index, d.of, d.kind) for d in dups] == [
+      (1, 0, "exact_duplicate"), (4, 3, "near_duplicate")]
+  # An independent recomputation: lower-case words joined by one space,
+  # character 5-grams, Jaccard.
+  def grams(text):
+    words = "".join(c if c.isalnum() else " " for c in text.lower()).split()
+    joined = " ".join(words)
+    return {joined[i:i + 5] for i in range(len(joined) - 4)}
+  a, b = grams(texts[3]), grams(texts[4])
+  assert dups[1].similarity == pytest.approx(len(a & b) / len(a | b))
+  assert dups[1].similarity > 0.8
+  # Without the numbers guard the templated pair 0/2 is a near duplicate
+  # (one character of 29 differs).
+  loose = dedup.find_duplicates(texts, dedup.DedupConfig(same_numbers=False))
+  assert (2, 0, "near_duplicate") in [(d.index, d.of, d.kind) for d in loose]
+
+
+def test_near_threshold_is_inclusive_and_configurable():
+  texts = ["abcdefgh", "abcdefgx"]
+  # By hand: 4 five-grams each, abcde bcdef cdefg shared: 3 / 5.
+  assert dedup.jaccard(dedup.shingles(texts[0], 5),
+                       dedup.shingles(texts[1], 5)) == pytest.approx(0.6)
+  assert dedup.find_duplicates(texts, dedup.DedupConfig(threshold=0.6))
+  assert not dedup.find_duplicates(texts, dedup.DedupConfig(threshold=0.61))
+  assert dedup.find_duplicates(texts, dedup.DedupConfig(ngram=3,
+                                                        threshold=0.7))
+
+
+# ---------------------------------------------------------------------------
+# The pipeline without a model
+
+
+def _rows():
+  return [
+      {"prompt": "What is 6 times 7?", "answer": "42", "tags": ["math"]},
+      {"prompt": "what is 6 TIMES 7", "answer": "42", "tags": ["math"]},
+      {"prompt": "True or false: 7 is prime.", "answer": "True"},
+      {"prompt": "Prove that 2 is even.", "answer": "proof"},
+      {"prompt": "Write a python program that prints 3.", "answer": "3"},
+      {"prompt": "What is 5 + 9?", "answer": "14"},
+  ]
+
+
+def test_side_file_and_kept_rows_add_up_to_the_input(tmp_path):
+  rows = _rows() + ["not json", '{"answer": "1"}', "[1, 2]"]
+  path = _write(tmp_path / "raw.jsonl", rows)
+  result = C.curate(path, _no_model(on_bad_row="reject", kind="math"))
+  report = C.write_outputs(result, str(tmp_path / "out.jsonl"),
+                           str(tmp_path / "rej.jsonl"),
+                           str(tmp_path / "rep.json"))
+  kept, rejected = _read(tmp_path / "out.jsonl"), _read(tmp_path / "rej.jsonl")
+  assert len(kept) + len(rejected) == len(rows) == report["rows"] == 9
+  assert report["accounted"]
+  reasons = {r["line"]: r["reason"] for r in rejected}
+  assert reasons == {2: "exact_duplicate", 3: "true_false", 4: "proof",
+                     7: "bad_row", 8: "bad_row", 9: "bad_row"}
+  assert "prompt" in [r for r in rejected if r["line"] == 8][0]["detail"]
+  assert [r for r in rejected if r["line"] == 7][0]["row_text"] == "not json"
+  assert report["dropped_by_reason"] == {"bad_row": 3, "exact_duplicate": 1,
+                                         "proof": 1, "true_false": 1}
+  # Tags: the record's own, else the keyword tagger.
+  assert [r["tags"] for r in kept] == [["math"], ["code"], ["math"]]
+
+
+def test_bad_row_is_an_error_naming_file_line_and_field(tmp_path):
+  path = _write(tmp_path / "raw.jsonl", _rows()[:2] + [{"prompt": 3}])
+  with pytest.raises(DataError, match=r"raw.jsonl:3: field 'prompt'"):
+    C.curate(path, _no_model())
+
+
+def test_every_step_can_be_switched_off(tmp_path):
+  path = _write(tmp_path / "raw.jsonl", _rows())
+  result = C.curate(path, _no_model(format_filter=False, dedup=False,
+                                    tags=False))
+  assert len(result.kept) == 6 and not result.dropped
+  assert [s.name for s in result.steps if s.enabled] == ["read"]
+
+
+def test_tag_cap_keeps_at_most_cap_per_primary_tag(tmp_path):
+  rows = [{"prompt": f"Compute {i} + {i + 1} please", "tags": [t]}
+          for i, t in enumerate("aaaaabbbc")]
+  path = _write(tmp_path / "raw.jsonl", rows)
+  result = C.curate(path, _no_model(max_per_tag=2))
+  assert tagging.balance(r.record["tags"] for r in result.kept) == {
+      "a": 2, "b": 2, "c": 1}
+  assert {d.reason for d in result.dropped} == {"tag_cap"}
+  assert result.steps[-1].info["balance_after"] == {"a": 2, "b": 2, "c": 1}
+
+
+# ---------------------------------------------------------------------------
+# Model steps with a policy whose answers are known
+
+
+def _gym(tmp_path, size=6):
+  rows = make_records("chain_sum", size=size, seed=3, min_terms=2,
+                      max_terms=2, min_digits=2, max_digits=2)
+  return rows, _write(tmp_path / "raw.jsonl", rows)
+
+
+def test_pass_rate_and_bucket_from_known_answers(tmp_path):
+  rows, path = _gym(tmp_path)
+  answers = {r["prompt"]: r["answer"] for r in rows}
+  # Prompt i is answered correctly in its first `right[i]` samples of 10.
+  right = {r["prompt"]: k for r, k in zip(rows, [0, 1, 3, 5, 8, 10])}
+
+  def answer_for(prompt, j):
+    good = j < right[prompt]
+    return f"<answer>{answers[prompt] if good else 'x'}</answer>"
+
+  policy = TablePolicy(answer_for)
+  cfg = C.CurateConfig(easy_to_hack=False, max_pass_rate=0.9)
+  result = C.curate(path, cfg, policy=policy, reward=ReasoningGymReward())
+  assert policy.calls[0]["n"] == 10 and policy.calls[0]["temperature"] == 1.0
+  kept = {r.record["prompt"]: r.added for r in result.kept}
+  expected = {0: ("hard", 2.0), 0.1: ("hard", 2.0), 0.3: ("medium", 1.0),
+              0.5: ("medium", 1.0), 0.8: ("easy", 0.0)}
+  for prompt, k in right.items():
+    if k == 10:
+      assert prompt not in kept
+      continue
+    rate = k / 10
+    assert kept[prompt]["pass_rate"] == pytest.approx(rate)
+    assert (kept[prompt]["difficulty_bucket"],
+            kept[prompt]["difficulty"]) == expected[rate]
+  [trivial] = result.dropped
+  assert trivial.reason == "trivial" and trivial.row.added["pass_rate"] == 1
+  # The curated rows feed the curriculum: `difficulty` is what it reads.
+  from kimi_jax.rl.prompt_sampling import PromptSampler, PromptSamplingConfig
+  sampler = PromptSampler(
+      [dict(r.record, **r.added) for r in result.kept],
+      PromptSamplingConfig(curriculum="warmup_then_hard", hard_threshold=2))
+  assert len(sampler.eligible(1)) == 2
+
+
+def test_easy_to_hack_drops_what_a_constant_guesser_solves(tmp_path):
+  rows = [{"prompt": "What is 6 times 7?", "answer": "42"},
+          {"prompt": "What is 40 plus 2?", "answer": "42"},
+          {"prompt": "What is 6 times 8?", "answer": "48"}]
+  path = _write(tmp_path / "raw.jsonl", rows)
+
+  class Exact:
+    def __call__(self, record, response):
+      from kimi_jax.rewards.base import RewardResult
+      got = response.removeprefix("<answer>").split("</answer>")[0].strip()
+      return RewardResult(float(got == record["answer"]),
+                          got == record["answer"])
+
+  policy = TablePolicy(lambda p, j: "42</answer>")
+  result = C.curate(path, C.CurateConfig(kind="math", pass_rate=False),
+                    policy=policy, reward=Exact())
+  assert [r.record["answer"] for r in result.kept] == ["48"]
+  assert [d.reason for d in result.dropped] == ["easy_to_hack"] * 2
+  call = policy.calls[0]
+  assert call["n"] == 8 and call["prefix"] == "<answer>"
+  assert call["prompts"][0].startswith("What is 6 times 7?\n\nGive only")
+
+
+def test_too_long_prompts_are_rejected_not_fatal(tmp_path):
+  rows, path = _gym(tmp_path, size=3)
+  long_one = dict(rows[0], id="long", question="Q " * 400,
+                  prompt="Q " * 400)
+  path = _write(tmp_path / "raw2.jsonl", rows + [long_one])
+  policy = TablePolicy(lambda p, j: "<answer>x</answer>", too_long=500)
+  result = C.curate(path, C.CurateConfig(dedup=False), policy=policy,
+                    reward=ReasoningGymReward())
+  assert [d.reason for d in result.dropped] == ["prompt_unusable"]
+  assert len(result.kept) == 3
+
+
+# ---------------------------------------------------------------------------
+# Rejection sampling
+
+
+def test_rejection_sampling_keeps_exactly_the_verified_responses():
+  records = make_records("chain_sum", size=3, seed=5, min_terms=2,
+                         max_terms=2, min_digits=1, max_digits=1)
+  by_prompt = {}
+  for r in records:
+    by_prompt[r["prompt"]] = [
+        f"Plan: add. Check. <answer>{r['answer']}</answer>",
+        "<answer>wrong</answer>",
+        f"<answer>{r['answer']}</answer>", "no tags at all"]
+  by_prompt[records[2]["prompt"]] = ["<answer>nope</answer>"] * 4
+
+  def answer_for(prompt, j):
+    plain = prompt.split("\n\nSolve this carefully")[0]
+    return by_prompt[plain][j]
+
+  cfg = warmup.WarmupConfig(samples=4, max_per_prompt=4)
+  result = warmup.rejection_sample(
+      records, cfg, policy=TablePolicy(answer_for),
+      reward=ReasoningGymReward())
+  want = [(records[i]["prompt"], by_prompt[records[i]["prompt"]][j])
+          for i in (0, 1) for j in (0, 2)]
+  assert [(r["prompt"], r["response"]) for r in result.rows] == want
+  report = result.report()
+  assert report["acceptance_rate"] == pytest.approx(4 / 12)
+  assert report["prompts_with_a_correct_response"] == 2
+  shortest = warmup.rejection_sample(
+      records, warmup.WarmupConfig(samples=4, keep="shortest"),
+      policy=TablePolicy(answer_for), reward=ReasoningGymReward())
+  assert [r["response"] for r in shortest.rows] == [
+      f"<answer>{records[i]['answer']}</answer>" for i in (0, 1)]
+
+
+def test_warmup_rows_are_what_the_sft_stage_reads(tmp_path):
+  from kimi_jax.data import records as records_lib
+  rows = [{"id": "a#warmup0", "prompt": "p", "response": "r", "tags": []}]
+  path = _write(tmp_path / "warmup.jsonl", rows)
+  [record] = list(records_lib.load_sft_source(path))
+  assert (record["prompt"], record["response"]) == ("p", "r")
+
+
+def test_prioritized_sampling_starts_from_the_curated_pass_rate():
+  from kimi_jax.rl.prompt_sampling import PromptSampler, PromptSamplingConfig
+  records = [{"id": "a", "pass_rate": 0.2}, {"id": "b", "pass_rate": 0.9},
+             {"id": "c"}]
+  cfg = PromptSamplingConfig(prioritized=True, initial_success=0.5,
+                             initial_success_field="pass_rate")
+  sampler = PromptSampler(records, cfg)
+  _, p = sampler.probabilities(0)
+  # Weights 1 - s: 0.8, 0.1 and 0.5 for the record without a pass rate.
+  assert p == pytest.approx([0.8 / 1.4, 0.1 / 1.4, 0.5 / 1.4])
+  sampler.load_state_dict({"version": 1, "stats": [["a", 1.0, 3]]})
+  assert sampler.success_rates() == pytest.approx([1.0, 0.9, 0.5])
+  with pytest.raises(ValueError, match=r"records\[0\].*'pass_rate'"):
+    PromptSampler([{"id": "a", "pass_rate": 2.0}], cfg)
+
+
+def test_train_prompts_repeating_held_out_problems_are_dropped(tmp_path):
+  held = [{"id": "e1", "prompt": "What is 6 times 7?", "answer": "42"},
+          {"id": "e2", "prompt": ("A farmer has 12 cows and buys 30 more "
+                                  "cows at the market; how many now?"),
+           "answer": "42"}]
+  rows = [{"prompt": "what is 6 TIMES 7", "answer": "42"},
+          {"prompt": ("A farmer has 12 cows and then buys 30 more cows at "
+                      "the market. How many now?"), "answer": "42"},
+          {"prompt": "What is 6 times 8?", "answer": "48"}]
+  path = _write(tmp_path / "raw.jsonl", rows)
+  result = C.curate(path, _no_model(kind="math"), held_out=held)
+  assert [r.record["answer"] for r in result.kept] == ["48"]
+  assert [(d.reason, d.detail.split(" (")[0]) for d in result.dropped] == [
+      ("held_out_exact_duplicate", "of held-out record 'e1'"),
+      ("held_out_near_duplicate", "of held-out record 'e2'")]
+  # Without the held-out set they are all distinct.
+  assert len(C.curate(path, _no_model(kind="math")).kept) == 3
+
+
+@pytest.mark.parametrize("variant", ["", ":cpu_test"])
+def test_the_data_tools_config_types_every_section(variant):
+  from kimi_jax.config import ConfigError, load_config, to_dataclass
+  from kimi_jax.data import tools_config
+  from kimi_jax.data.gym_problems import GymConfig
+  config = load_config("experiments/data/gym_curate.py" + variant)
+  cfg = tools_config.curate_config(config)
+  assert (cfg.pass_samples, cfg.hack_guesses) == (10, 8)  # report 2.1
+  tools_config.warmup_config(config)
+  tools_config.policy_config(config)
+  assert "syllogism" in to_dataclass(GymConfig, config.gym, "gym").names()
+  bad = load_config("experiments/data/gym_curate.py" + variant,
+                    {"curate.difficulty_edges": (0.2, 0.8)})
+  with pytest.raises(ConfigError, match="curate.difficulty_edges"):
+    tools_config.curate_config(bad)

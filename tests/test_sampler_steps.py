@@ -1,0 +1,111 @@
+"""Decode steps per call (sampler.steps_per_call) change speed, not results;
+the device stops slots at their limits and stop tokens, and reports exactly
+the tokens a one-step-at-a-time decode gives."""
+
+import jax
+import numpy as np
+import pytest
+
+from kimi_jax.model import transformer
+from kimi_jax.model.config import ModelConfig
+from kimi_jax.sampler.driver import SampleRequest, Sampler
+from kimi_jax.sampler.engine import DEVICE_STOP_TOKENS, Engine, EngineConfig
+from kimi_jax.sampler.repetition import RepeatConfig
+from kimi_jax.sampler.sampling import SamplingParams
+
+CFG = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4,
+                  n_kv_heads=2, head_dim=16, mlp_dim=256, qkv_bias=True,
+                  max_seq_len=48)
+
+
+@pytest.fixture(scope="module")
+def params():
+  return jax.jit(
+      lambda: transformer.init_params(CFG, jax.random.key(0), std=0.2))()
+
+
+@pytest.fixture(scope="module")
+def engine():
+  return Engine(CFG, EngineConfig(max_slots=4, cache_len=48,
+                                  prefill_buckets=(8, 32)))
+
+
+def _prompt(seed, n):
+  return tuple(int(x) for x in np.random.default_rng(seed).integers(0, 64, n))
+
+
+def _requests():
+  """More requests than slots; budgets, stop tokens (one request with more
+  than the device checks), greedy and seeded sampling, continuations."""
+  reqs = []
+  for i in range(11):
+    stop = ()
+    if i % 3 == 1:
+      stop = (int(i * 5 % 64), int(i * 11 % 64))
+    if i == 4:  # the host alone checks the stop tokens past the first 8
+      stop = tuple(range(40, 40 + DEVICE_STOP_TOKENS)) + (17, 23, 31)
+    reqs.append(SampleRequest(
+        i, _prompt(700 + i, 3 + (i * 7) % 20), prefix=_prompt(800 + i, i % 3),
+        max_new_tokens=(i % 3) + 5 + (i * 3) % 14,
+        sampling=SamplingParams(greedy=True) if i % 4 == 0 else
+        SamplingParams(seed=i), stop_tokens=stop,
+        budget=4 if i % 5 == 1 else None))
+  return reqs
+
+
+def _same(got, want):
+  assert [r is None for r in got] == [r is None for r in want]
+  for a, b in zip(got, want):
+    if a is not None:
+      assert (a.id, a.tokens, a.finish_reason) == (b.id, b.tokens,
+                                                   b.finish_reason)
+      # Admission rounds group requests differently: the prefill batch size
+      # may change a first log-prob's rounding.
+      np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_results_do_not_depend_on_steps_per_call(params, engine):
+  repeat = RepeatConfig(ngram=2, times=3)
+  reqs = _requests()
+  one = Sampler(engine, repeat, steps_per_call=1)
+  want = one.generate(params, reqs)[0]
+  want_window = one.generate(params, reqs, window=9, min_admit=2)[0]
+  reasons = {r.finish_reason for r in want}
+  assert {"length", "budget", "stop"} <= reasons, reasons
+  assert any(r is None for r in want_window)  # the window left some out
+  for steps in (4, 16):
+    many = Sampler(engine, repeat, steps_per_call=steps)
+    got, stats = many.generate(params, reqs)
+    _same(got, want)
+    assert stats.generate_calls < one.generate(params, reqs)[1].generate_calls
+    _same(many.generate(params, reqs, window=9, min_admit=2)[0], want_window)
+
+
+def test_device_stops_slots_at_their_limits_and_stop_tokens(params, engine):
+  prompts = [_prompt(900 + i, 5) for i in range(4)]
+  greedy = [SamplingParams(greedy=True)] * 4
+
+  def admitted():
+    prefix = engine.prefill_batch(params, prompts, greedy, [0] * 4)
+    return engine.insert_batch(prefix, engine.init_decode_state(), range(4))
+
+  _, free_run, _ = engine.generate(params, admitted(), 6)
+  free_run = np.asarray(free_run)
+  stop_row1 = np.full((4, 2), -1)
+  stop_row1[3, 1] = free_run[1, 3]  # slot 3 samples its stop token at row 1
+  state, tokens, logprobs = engine.generate(
+      params, admitted(), 6, steps_left=[6, 2, 0, 6], stop_tokens=stop_row1)
+  tokens = np.asarray(tokens)
+  ran = [6, 2, 0, 1 + list(free_run[:, 3]).index(free_run[1, 3])]
+  for slot, n in enumerate(ran):
+    np.testing.assert_array_equal(tokens[:n, slot], free_run[:n, slot])
+    assert (tokens[n:, slot] == 0).all() and (
+        np.asarray(logprobs)[n:, slot] == 0).all()
+  lengths = np.asarray(state.cache.lengths)
+  np.testing.assert_array_equal(lengths, [5 + n for n in ran])
+  # No slot runs: the call ends at once (its rows are -1), nothing advances.
+  state, tokens, _ = engine.generate(params, state, 6,
+                                     steps_left=[0, 0, 0, 0])
+  np.testing.assert_array_equal(np.asarray(state.cache.lengths), lengths)
+  assert (np.asarray(tokens) == -1).all()
