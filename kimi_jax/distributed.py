@@ -40,10 +40,16 @@ class DistributedConfig:
                        f"[0, {self.num_processes})")
 
 
-def on_tpu_pod() -> bool:
-  # Cloud TPU VMs of a multi-host slice set these for every worker.
-  return bool(os.environ.get("TPU_WORKER_HOSTNAMES") or
-              os.environ.get("MEGASCALE_COORDINATOR_ADDRESS"))
+def on_tpu_pod(environ=os.environ) -> bool:
+  """Whether this is one worker of a multi-host TPU slice (or multislice).
+
+  Cloud TPU VMs list every worker of the slice in TPU_WORKER_HOSTNAMES; a
+  single host (a one-host slice, or an offline AOT compile that sets the
+  variable to "localhost") needs no distributed runtime.
+  """
+  hosts = [h for h in environ.get("TPU_WORKER_HOSTNAMES", "").split(",")
+           if h.strip()]
+  return len(hosts) > 1 or bool(environ.get("MEGASCALE_COORDINATOR_ADDRESS"))
 
 
 def initialize(cfg: DistributedConfig) -> None:

@@ -56,17 +56,29 @@ def main(argv):
   quiet_library_logs()
   explicit_model = explicit_model_keys(
       config_flags.get_override_values(flags.FLAGS["config"]))
-  # Validate before joining the other processes: a bad config fails fast.
+  # Validate before any device work: a bad config fails in seconds.
+  config_error = None
   try:
     parse_config(_CONFIG.value, explicit_model=explicit_model)
   except (ConfigError, ValueError) as exc:
-    sys.exit(f"config error: {exc}")
+    config_error = exc
   from kimi_jax import distributed
-  distributed.initialize(distributed.DistributedConfig(
-      coordinator_address=_COORDINATOR.value,
-      num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
-      cpu_devices=_CPU_DEVICES.value,
-      heartbeat_timeout_seconds=_HEARTBEAT.value))
+  try:
+    dist = distributed.DistributedConfig(
+        coordinator_address=_COORDINATOR.value,
+        num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
+        cpu_devices=_CPU_DEVICES.value,
+        heartbeat_timeout_seconds=_HEARTBEAT.value)
+  except ValueError as exc:
+    sys.exit(f"flag error: {exc}")
+  if config_error is not None and not dist.explicit:
+    sys.exit(f"config error: {config_error}")
+  distributed.initialize(dist)
+  if config_error is not None:
+    # Only this process may be misconfigured (a per-host flag or path); had
+    # it exited before joining, its peers would wait for it at start-up.
+    # Joined, its exit stops them after one heartbeat timeout.
+    distributed.fail(f"config error: {config_error}")
   from kimi_jax.job import train_and_evaluate
   try:
     train_and_evaluate(_CONFIG.value, _WORKDIR.value,

@@ -131,3 +131,15 @@ def test_error_in_one_process_stops_all_with_its_message(tmp_path):
         p.wait()
   assert all(p.returncode != 0 for p in procs), outs[0][-2000:]
   assert "process 1:" in outs[1] and "/nonexistent" in outs[1], outs[1][-2000:]
+
+
+@pytest.mark.parametrize("environ,expected", [
+    ({}, False),
+    # An offline AOT compile (kimi_jax.aot) and one-host slices name one host.
+    ({"TPU_WORKER_HOSTNAMES": "localhost"}, False),
+    ({"TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3"}, True),
+    ({"MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.2:8080"}, True),
+])
+def test_on_tpu_pod_only_for_several_hosts(environ, expected):
+  from kimi_jax.distributed import on_tpu_pod
+  assert on_tpu_pod(environ) is expected

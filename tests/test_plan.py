@@ -184,5 +184,9 @@ def test_activation_estimate_tracks_the_compiler(attention):
   xla_bytes = compiled.memory_analysis().temp_size_in_bytes
   estimate = plan.activation_estimate(
       cfg, Sharder(plan.abstract_mesh(sizes)), rows, length).total
-  # A quick estimate: within 40% of the compiler, on the safe side here.
-  assert estimate == pytest.approx(xla_bytes, rel=0.4)
+  # A quick estimate for planning: never below what the compiler needs (an
+  # optimistic plan would OOM on the chip), and not so far above it that the
+  # plan wastes a chip. (XLA releases fused blocks' buffers earlier in some
+  # versions than others; the bounds hold across the versions we test.)
+  print(f"estimate {estimate} xla {xla_bytes} ratio {estimate / xla_bytes:.2f}")
+  assert 0.95 * xla_bytes <= estimate <= 1.6 * xla_bytes

@@ -63,7 +63,9 @@ def test_extract_boxed_is_linear(text):
   start = time.perf_counter()
   got = extract_boxed(text)
   assert got == ("1" if text.startswith(r"\boxed{1}") else None)
-  assert time.perf_counter() - start < 0.5
+  # Linear: ~0.1 s here. The quadratic rescan took minutes on these inputs
+  # (~10^10 character visits), so a loose bound survives a loaded CI box.
+  assert time.perf_counter() - start < 5.0
 
 
 # -- policy building blocks (pure) ---------------------------------------------
