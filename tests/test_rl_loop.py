@@ -224,15 +224,27 @@ def _launch(workdir, extra=()):
                           stderr=subprocess.STDOUT, text=True)
 
 
+def _rl_rows_logged(workdir) -> int:
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    return sum('"stage": "rl"' in line for line in f)
+
+
 def test_sigkill_resume_loses_nothing_and_trains_nothing_twice(tmp_path):
   rng = random.Random(1234)
   kills = 0
   for attempt in range(3):
+    # Kill mid-run, at a point tied to progress rather than the clock (a
+    # warm compilation cache makes the run several times faster): once one
+    # or two more RL iterations have been logged, plus a random fraction of
+    # an iteration, and never after the fifth of six.
+    target = min(5, _rl_rows_logged(tmp_path) + rng.randint(1, 2))
     proc = _launch(tmp_path)
-    # Kill somewhere between start-up and the end of the run.
-    deadline = time.time() + rng.uniform(8.0, 30.0)
-    while time.time() < deadline and proc.poll() is None:
-      time.sleep(0.2)
+    while proc.poll() is None and _rl_rows_logged(tmp_path) < target:
+      time.sleep(0.05)
+    time.sleep(rng.uniform(0.0, 0.5))
     if proc.poll() is None:
       proc.send_signal(signal.SIGKILL)
       proc.wait()
