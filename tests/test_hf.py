@@ -95,6 +95,7 @@ def qwen2_dir(tmp_path_factory):
 # Import: parity with transformers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch, tied", [("qwen2", True), ("qwen2", False),
                                         ("llama", False), ("llama", True)])
 def test_loaded_checkpoint_logits_match_transformers(arch, tied, tmp_path):

@@ -81,6 +81,7 @@ def runs(tmp_path_factory):
   return two, one
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process(runs):
   two, one = runs
   rows_two, rows_one = _rows(two), _rows(one)
@@ -97,6 +98,7 @@ def test_two_processes_match_one_process(runs):
   assert os.path.exists(two / "summary.json")
 
 
+@pytest.mark.slow
 def test_checkpoints_restore_across_process_counts(runs, tmp_path):
   two, one = runs
   # A 2-process checkpoint resumed by 1 process, and vice versa, each going
@@ -110,6 +112,7 @@ def test_checkpoints_restore_across_process_counts(runs, tmp_path):
     assert steps == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_error_in_one_process_stops_all_with_its_message(tmp_path):
   port = _free_port()
   common = ["--cpu_devices", "2", "--coordinator_address",

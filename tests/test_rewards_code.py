@@ -90,6 +90,7 @@ def test_stdio_correct_program_passes(reward, language):
   assert (res.score, res.correct, res.error) == (1.0, True, None), res.info
 
 
+@pytest.mark.slow
 def test_stdio_bad_programs_fail(reward):
   records = [{"id": name, "prompt": "", "language": lang, "tests": SUM_TESTS}
              for name, lang, _ in BAD_STDIO]
@@ -247,6 +248,7 @@ def test_function_correct_completion_passes(reward):
   assert reward(FUNC_RECORD, fenced).correct
 
 
+@pytest.mark.slow
 def test_function_tampering_fails(reward):
   names = sorted(TAMPERING)
   results = reward.batch([FUNC_RECORD] * len(names),

@@ -87,6 +87,7 @@ def test_generator_runs_cyaron_in_the_sandbox_with_distinct_seeds(sandbox):
   assert len(rest[0].split()) == int(n)
 
 
+@pytest.mark.slow
 def test_small_config_keeps_good_and_rejects_buggy(sandbox):
   problems = _problems()
   config = TestGenConfig(num_inputs=12, min_valid_cases=8)
@@ -103,6 +104,7 @@ def test_small_config_keeps_good_and_rejects_buggy(sandbox):
   assert not buggy.kept and "submissions pass" in buggy.reason
 
 
+@pytest.mark.slow
 def test_cli_runs_file_with_report_defaults(tmp_path):
   out = tmp_path / "kept.jsonl"
   cmd = [sys.executable, os.path.join(ROOT, "launch", "testgen.py"),

@@ -55,6 +55,7 @@ def test_bad_queue_config_is_rejected_naming_the_key(overrides, needle):
     parse_config(micro(**overrides))
 
 
+@pytest.mark.slow
 def test_micro_run_with_a_queue_keeps_every_group(tmp_path):
   """Queued groups take slots that free up mid-window; those never started
   wait unstarted. Every opened group is trained once or still in flight,
@@ -124,6 +125,7 @@ def test_launcher_config_errors_name_the_key(tmp_path, override, needle):
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 def test_micro_run_writes_metrics_plots_and_bounded_compiles(tmp_path):
   cfg = micro(**{"log.plots": True})
   summary = job_lib.train_and_evaluate(cfg, str(tmp_path))
@@ -194,6 +196,7 @@ def test_train_step_skips_non_finite_update():
   assert int(state.step) == 0
 
 
+@pytest.mark.slow
 def test_divergence_stops_run_and_keeps_last_good_checkpoint(tmp_path):
   cfg = micro(**{"rl.learning_rate": 1e30, "rl.iterations": 4})
   with pytest.raises(ts.NonFiniteError, match="not finite"):
@@ -232,6 +235,7 @@ def _rl_rows_logged(workdir) -> int:
     return sum('"stage": "rl"' in line for line in f)
 
 
+@pytest.mark.slow
 def test_sigkill_resume_loses_nothing_and_trains_nothing_twice(tmp_path):
   rng = random.Random(1234)
   kills = 0
@@ -265,6 +269,7 @@ def test_sigkill_resume_loses_nothing_and_trains_nothing_twice(tmp_path):
   assert_consumed_once(loop, rl_rows)
 
 
+@pytest.mark.slow
 def test_resume_restores_the_optimizer_state(tmp_path):
   """Without the per-iteration reset, a resumed run continues Adam's moments:
   it ends with the same params as an uninterrupted run."""
