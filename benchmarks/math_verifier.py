@@ -47,7 +47,7 @@ def hostile_answers() -> dict[str, str]:
       "5000 nested braces": r"\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}",
       "1 MB number boxed": r"\boxed{" + "7" * (1 << 20) + "}",
       "1 MB number answer line": "Answer: " + "1" * (1 << 20),
-      "2 MB response of prose": "word " * (2 << 20 // 5) + r"\boxed{5}",
+      "2 MB response of prose": "word " * ((2 << 20) // 5) + r"\boxed{5}",
       "2 MB of open brackets": "[" * (2 << 20),
       "long sum": r"\boxed{" + "+".join(["x"] * 400) + "}",
       "huge matrix power": r"\boxed{\begin{pmatrix}2&1\\1&1\end{pmatrix}^{100000}}",

@@ -228,7 +228,7 @@ HOSTILE = [
     r"\boxed{" * 50_000,
     r"\boxed{" + "7" * (1 << 20) + "}",  # a megabyte of digits
     "Answer: " + "1" * (1 << 20),
-    "word " * (2 << 20 // 5),  # 2 MB of prose
+    "word " * ((2 << 20) // 5),  # 2 MB of prose
     "[" * 200_000,
 ]
 
