@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from kimi_jax.reward_models.value_model import ValueBatch
-from kimi_jax.token_rows import TokenRows, empty_rows
+from kimi_jax.token_rows import empty_rows
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,7 +42,7 @@ from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sampler.sampling import (SamplingParams, SlotSampling,
                                        empty_slot_sampling, sample_tokens,
-                                       slot_sampling, stacked_slot_sampling)
+                                       stacked_slot_sampling)
 from kimi_jax.sharding import Sharder, abstract_arrays
 
 Params = dict[str, Any]

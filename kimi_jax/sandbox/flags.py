@@ -26,7 +26,7 @@ def add_limit_flags(parser: argparse.ArgumentParser,
   for f in dataclasses.fields(SandboxLimits):
     value = getattr(defaults, f.name)
     group.add_argument(flag_name(f.name), dest=f.name, type=type(value),
-                       default=value, help=f"default %(default)s")
+                       default=value, help="default %(default)s")
 
 
 def limits_from_args(args: argparse.Namespace) -> SandboxLimits:
