@@ -53,17 +53,24 @@ def _groups():
   return buf.complete_groups()
 
 
-def test_one_train_phase_matches_the_golden_figures():
+def _learner(rl: RLConfig) -> Learner:
   sharder = Sharder(make_mesh(MeshConfig(data=1), jax.devices()[:1]))
-  learner = Learner(CFG, RL, sharder, cache_len=32)
-  groups = _groups()
+  return Learner(CFG, rl, sharder, cache_len=32)
+
+
+def _minibatches(learner: Learner, groups, prompts, rewards_PxK):
   mbs, members = batching.sorted_minibatches(
-      groups, PROMPTS, size=RL.minibatch_prompts, version=0,
+      groups, prompts, size=learner.rl.minibatch_prompts, version=0,
       train_on_old_segments=True, len_buckets=learner.len_buckets, pad_id=0,
       rows=learner.row_buckets)
-  mbs = batching.with_scores(mbs, members, reward_PxK=REWARDS_PxK,
-                             correct_PxK=REWARDS_PxK > 0)
-  state = learner.init_state(transformer.init_sharded(CFG, 3, sharder,
+  return batching.with_scores(mbs, members, reward_PxK=rewards_PxK,
+                              correct_PxK=rewards_PxK > 0)
+
+
+def test_one_train_phase_matches_the_golden_figures():
+  learner = _learner(RL)
+  mbs = _minibatches(learner, _groups(), PROMPTS, REWARDS_PxK)
+  state = learner.init_state(transformer.init_sharded(CFG, 3, learner.sharder,
                                                       std=0.2))
   _, stats = learner.train(state, mbs)
   got = {k: stats[k] for k in GOLDEN}
@@ -79,15 +86,9 @@ def test_first_step_reference_equals_a_separate_reference_pass():
   """The first step computes its own minibatch's reference (it runs at
   theta_i); the phase must end where steps on separately recomputed
   references end."""
-  sharder = Sharder(make_mesh(MeshConfig(data=1), jax.devices()[:1]))
-  learner = Learner(CFG, RL, sharder, cache_len=32)
-  groups = _groups()
-  mbs, members = batching.sorted_minibatches(
-      groups, PROMPTS, size=RL.minibatch_prompts, version=0,
-      train_on_old_segments=True, len_buckets=learner.len_buckets, pad_id=0,
-      rows=learner.row_buckets)
-  mbs = batching.with_scores(mbs, members, reward_PxK=REWARDS_PxK,
-                             correct_PxK=REWARDS_PxK > 0)
+  learner = _learner(RL)
+  sharder = learner.sharder
+  mbs = _minibatches(learner, _groups(), PROMPTS, REWARDS_PxK)
   init = lambda: learner.init_state(transformer.init_sharded(CFG, 3, sharder,
                                                              std=0.2))
   fused, _ = learner.train(init(), mbs)
@@ -117,25 +118,11 @@ REWARDS_EQ_PxK = np.concatenate([REWARDS_PxK[:EQUAL], np.ones((1, 3),
                                                                np.float32)])
 
 
-def _learner(rl: RLConfig) -> Learner:
-  sharder = Sharder(make_mesh(MeshConfig(data=1), jax.devices()[:1]))
-  return Learner(CFG, rl, sharder, cache_len=32)
-
-
 def _initial_params():
   """Host copies: Learner.train donates the state it is given."""
   learner = _learner(RL)
   return jax.device_get(transformer.init_sharded(CFG, 3, learner.sharder,
                                                  std=0.2))
-
-
-def _minibatches(learner: Learner, groups, prompts, rewards_PxK):
-  mbs, members = batching.sorted_minibatches(
-      groups, prompts, size=learner.rl.minibatch_prompts, version=0,
-      train_on_old_segments=True, len_buckets=learner.len_buckets, pad_id=0,
-      rows=learner.row_buckets)
-  return batching.with_scores(mbs, members, reward_PxK=rewards_PxK,
-                              correct_PxK=rewards_PxK > 0)
 
 
 def _phase(rl: RLConfig, host_params, groups, prompts, rewards_PxK):

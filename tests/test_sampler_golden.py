@@ -165,14 +165,13 @@ def _check(name):
   want_tokens, want_logp, want_ends = (want[f"{name}/{k}"]
                                        for k in ("tokens", "logp", "ends"))
   assert len(ends) == len(want_ends)
-  same = [i for i, (a, b) in enumerate(zip(_split(tokens, ends),
-                                           _split(want_tokens, want_ends)))
+  same = [(a, b) for i, (a, b) in enumerate(zip(
+              _split(tokens, ends), _split(want_tokens, want_ends)))
           if np.array_equal(ends[i], want_ends[i]) and
           np.array_equal(tokens[a], want_tokens[b])]
   assert len(same) >= len(ends) - max(1, len(ends) // 32), (
       f"{len(ends) - len(same)} of {len(ends)} sequences differ")
-  for i in same:
-    a, b = _split(tokens, ends)[i], _split(want_tokens, want_ends)[i]
+  for a, b in same:
     np.testing.assert_allclose(logp[a], want_logp[b], rtol=1e-5, atol=1e-6)
 
 
