@@ -35,6 +35,13 @@ def _positive(section: str, obj: Any, *keys: str) -> None:
                        f"{getattr(obj, key)}")
 
 
+def _non_negative(section: str, obj: Any, *keys: str) -> None:
+  for key in keys:
+    if getattr(obj, key) < 0:
+      raise ValueError(f"config.{section}.{key} must be >= 0, got "
+                       f"{getattr(obj, key)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class L2SConfig:
   """`config.l2s`.
@@ -67,12 +74,7 @@ class L2SConfig:
   def __post_init__(self):
     _positive("l2s", self, "samples_per_prompt", "eval_samples",
               "base_seq_len")
-    if self.base_sft_steps < 0:
-      raise ValueError(f"config.l2s.base_sft_steps must be >= 0, got "
-                       f"{self.base_sft_steps}")
-    if self.sample_prompts < 0:
-      raise ValueError(f"config.l2s.sample_prompts must be >= 0, got "
-                       f"{self.sample_prompts}")
+    _non_negative("l2s", self, "base_sft_steps", "sample_prompts")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,9 +102,7 @@ class ShortestRSConfig:
 
   def __post_init__(self):
     _positive("shortest_rs", self, "steps", "batch_size", "learning_rate")
-    if self.warmup_steps < 0:
-      raise ValueError(f"config.shortest_rs.warmup_steps must be >= 0, got "
-                       f"{self.warmup_steps}")
+    _non_negative("shortest_rs", self, "warmup_steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,9 +126,7 @@ class DPOConfig:
     if self.long_ratio < 1.0:
       raise ValueError(f"config.dpo.long_ratio must be >= 1, got "
                        f"{self.long_ratio}")
-    if self.warmup_steps < 0:
-      raise ValueError(f"config.dpo.warmup_steps must be >= 0, got "
-                       f"{self.warmup_steps}")
+    _non_negative("dpo", self, "warmup_steps")
 
 
 @dataclasses.dataclass(frozen=True)
