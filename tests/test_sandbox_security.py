@@ -481,12 +481,17 @@ ONE_GIB_WAYS = {
         "python", "import os, time\nfor _ in range(4):\n"
         "  if os.fork() == 0:\n    b = bytearray(200 << 20); time.sleep(3)\n"
         "    os._exit(0)\nfor _ in range(4): os.wait()\nprint('survived')"),
+    # Every thread exists before any allocates (so a thread stack cannot be
+    # what runs out), then all allocate at once: several threads may throw
+    # std::bad_alloc together, when libstdc++ prints only "terminate called
+    # recursively"; the sandbox's operator-new hook still names the cause.
     "cpp threads x 100 MiB": (
-        "cpp", "#include <thread>\n#include <vector>\n#include <cstring>\n"
-        "#include <cstdio>\nint main(){std::vector<std::thread> ts; "
+        "cpp", "#include <atomic>\n#include <thread>\n#include <vector>\n"
+        "#include <cstring>\n#include <cstdio>\nint main(){"
+        "std::atomic<bool> go{false}; std::vector<std::thread> ts; "
         "std::vector<char*> ps(8); for(int i=0;i<8;i++) ts.emplace_back([&,i]"
-        "{ps[i]=new char[100<<20]; memset(ps[i],1,100<<20);}); for(auto&t:ts)"
-        " t.join(); puts(\"survived\");}"),
+        "{while(!go){} ps[i]=new char[100<<20]; memset(ps[i],1,100<<20);});"
+        " go=true; for(auto&t:ts) t.join(); puts(\"survived\");}"),
 }
 
 
@@ -498,6 +503,18 @@ def test_memory_limit_holds_for_every_allocation_kind(sb, name):
   res = sb.run(ExecRequest(language, src, limits=limits))
   assert res.status == "memory_limit", (name, res)
   assert "survived" not in res.stdout
+
+
+def test_cpp_program_that_recovers_from_bad_alloc_is_ok_and_hook_names_it(sb):
+  # The operator-new hook only reports; a program that catches the failure
+  # and carries on still finishes normally.
+  src = ("#include <new>\n#include <cstdio>\n#include <cstring>\n"
+         "int main(){ try { volatile size_t n = size_t(1) << 40;"
+         " char* p = new char[n]; memset(p, 1, n); puts(\"allocated\"); }"
+         " catch (const std::bad_alloc&) { puts(\"caught\"); } }")
+  res = sb.run(ExecRequest("cpp", src, limits=FAST))
+  assert (res.status, res.stdout) == ("ok", "caught\n"), res
+  assert "operator new failed (std::bad_alloc)" in res.stderr
 
 
 @pytest.mark.parametrize("language, src, expected", [

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass
 
@@ -37,6 +38,24 @@ COMPILED_MARK = b"\x00KIMI_COMPILED\x00"
 # Driver-level failure (e.g. a limit could not be set) -> sandbox_error.
 DRIVER_FAIL_RC = 125
 DRIVER_FAIL_PREFIX = "kimi-sandbox:"
+# Linked into every C++ program: a failed operator new says so on stderr
+# before throwing. libstdc++'s own "terminate called after throwing
+# std::bad_alloc" can be lost when several threads run out at once (the
+# second prints only "terminate called recursively" and aborts the process).
+OOM_HOOK_DIR = "/.kimi"
+OOM_HOOK_OBJECT = "oom_hook.o"
+_OOM_HOOK_SOURCE = r"""
+#include <new>
+#include <unistd.h>
+namespace {
+void kimi_out_of_memory() {
+  static const char msg[] = "\nkimi-sandbox: operator new failed (std::bad_alloc)\n";
+  if (write(2, msg, sizeof msg - 1) < 0) {}
+  throw std::bad_alloc();
+}
+struct Install { Install() { std::set_new_handler(kimi_out_of_memory); } } install;
+}
+"""
 
 _ENV = (("PATH", "/usr/local/bin:/usr/bin:/bin"), ("HOME", WORKDIR),
         ("TMPDIR", "/tmp"), ("LANG", "C.UTF-8"), ("LC_ALL", "C.UTF-8"),
@@ -126,15 +145,38 @@ def prepare_etc(root: str) -> str:
   return etc
 
 
-def make_prepared_root() -> str:
+def build_oom_hook(root: str, gxx: str) -> str:
+  """Compiles the C++ out-of-memory hook once per Sandbox, on the host (our
+  own fixed source), into `root`/hook; returns that directory."""
+  hook_dir = os.path.join(root, "hook")
+  os.makedirs(hook_dir, exist_ok=True)
+  source = os.path.join(hook_dir, "oom_hook.cpp")
+  with open(source, "w") as f:
+    f.write(_OOM_HOOK_SOURCE)
+  obj = os.path.join(hook_dir, OOM_HOOK_OBJECT)
+  done = subprocess.run([gxx, "-O2", "-c", source, "-o", obj],
+                        capture_output=True, text=True, timeout=120)
+  if done.returncode != 0:
+    raise SandboxUnavailableError(
+        f"{gxx} could not compile the sandbox's C++ hook: {done.stderr}")
+  for path in (hook_dir, source, obj):
+    os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
+  return hook_dir
+
+
+def make_prepared_root(gxx: str | None = None) -> str:
   root = tempfile.mkdtemp(prefix="kimi_sandbox_root_")
   os.chmod(root, 0o755)  # the unprivileged sandbox uid must traverse it
   prepare_etc(root)
+  if gxx is not None:
+    build_oom_hook(root, gxx)
   return root
 
 
-def bwrap_prefix(tc: Toolchain, etc_dir: str, host_uid: int) -> tuple[str, ...]:
-  """Everything before the per-run arguments; computed once per Sandbox."""
+def bwrap_prefix(tc: Toolchain, root: str, host_uid: int) -> tuple[str, ...]:
+  """Everything before the per-run arguments; computed once per Sandbox from
+  the prepared `root` (its etc/ and, with C++, hook/)."""
+  etc_dir = os.path.join(root, "etc")
   args: list[str] = []
   if tc.setpriv is not None:
     args += [tc.setpriv, f"--reuid={host_uid}", f"--regid={host_uid}",
@@ -150,6 +192,9 @@ def bwrap_prefix(tc: Toolchain, etc_dir: str, host_uid: int) -> tuple[str, ...]:
     elif os.path.isdir(f"/{name}"):
       args += ["--ro-bind", f"/{name}", f"/{name}"]
   args += ["--ro-bind", etc_dir, "/etc", "--proc", "/proc", "--dev", "/dev"]
+  hook_dir = os.path.join(root, "hook")
+  if os.path.isdir(hook_dir):
+    args += ["--ro-bind", hook_dir, OOM_HOOK_DIR]
   args += ["--clearenv"]
   for key, value in _ENV:
     args += ["--setenv", key, value]
@@ -225,6 +270,7 @@ def driver_script(language: str, tc: Toolchain, limits: SandboxLimits,
   flags = " ".join(cpp_flags)
   marker = "".join(f"\\{b:03o}" for b in COMPILED_MARK)
   return (f"{started}; "
-          f"( {compile_limits}; exec {tc.gxx} {flags} -o .kimi_prog {main} ) "
+          f"( {compile_limits}; exec {tc.gxx} {flags} -o .kimi_prog {main} "
+          f"{OOM_HOOK_DIR}/{OOM_HOOK_OBJECT} ) "
           f">&0 2>&0 </dev/null || exit 1; printf '{marker}' >&0; "
           f"{run_limits}; exec ./.kimi_prog 0<{stdin}")

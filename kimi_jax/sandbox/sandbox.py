@@ -108,10 +108,9 @@ class Sandbox:
     self.caps = caps or RequestCaps()
     self.max_workers = max_workers
     self.toolchain = isolation.find_toolchain(python, node, gxx)
-    self._root = isolation.make_prepared_root()
+    self._root = isolation.make_prepared_root(self.toolchain.gxx)
     self._finalizer = weakref.finalize(self, shutil.rmtree, self._root, True)
-    self._prefix = isolation.bwrap_prefix(
-        self.toolchain, os.path.join(self._root, "etc"), host_uid)
+    self._prefix = isolation.bwrap_prefix(self.toolchain, self._root, host_uid)
     self._seccomp = seccomp.build_filter() if seccomp_filter else None
     if not 0 < memory_poll_s <= 1:
       raise SandboxRequestError("memory_poll_s", "must be in (0, 1]")
