@@ -200,9 +200,14 @@ def check_experiment(cfg: ExperimentConfig, n_devices: int | None = None
         f"{reward!r} uses no reward model")
   if rm_path and "://" not in rm_path and not os.path.isdir(rm_path):
     bad(f"config.reward_model.path: not a directory: {rm_path}")
-  if cfg.task.name == "jsonl" and not cfg.init_from_hf:
+  own_tokenizer = getattr(cfg.task, "tokenizer", "")
+  if cfg.task.name == "jsonl" and not (cfg.init_from_hf or own_tokenizer):
     bad("config.init_from_hf: task 'jsonl' needs a Hugging Face directory "
-        "(its tokenizer encodes the prompts)")
+        "(its tokenizer encodes the prompts), or config.task.tokenizer a "
+        "tokenizer directory for a model trained from scratch")
+  if cfg.init_from_hf and own_tokenizer:
+    bad("config.task.tokenizer: set only without init_from_hf (the "
+        "checkpoint brings its own tokenizer)")
   if n_devices is None:
     return
   shards = batch_shards(cfg, n_devices)

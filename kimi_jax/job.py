@@ -107,9 +107,10 @@ class Job:
 def build(cfg: ExperimentConfig, workdir: str) -> Job:
   sharder = Sharder(make_mesh(cfg.mesh), cfg.rules)
   hf_tokenizer = None
-  if cfg.init_from_hf:
+  if tasks_lib.tokenizer_dir(cfg.init_from_hf, cfg.task):
     from kimi_jax.model import tokenizer as tok_lib
-    hf_tokenizer = tok_lib.load_hf_tokenizer(cfg.init_from_hf)
+    hf_tokenizer = tok_lib.load_hf_tokenizer(
+        tasks_lib.tokenizer_dir(cfg.init_from_hf, cfg.task))
   # Every data file is read and checked before anything starts (the
   # reward's worker processes, the weights): the SFT set here, the prompt
   # sets in make_task before its reward.
@@ -415,15 +416,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     train = job.learner.init_state(params, opt_state)
 
   loop = job.rl_loop()
-  loop_state, train = loop.run(
-      loop_state, train, evaluate=job.evaluator, saver=job,
-      metrics=job.metrics, checkpoint_every=cfg.checkpoint.every_iterations,
-      show_progress=cfg.log.progress)
-  final = dataclasses.asdict(job.evaluator(train.params))
-  job.metrics.write(loop_state.iteration, "eval", final)
-  log(f"final held-out pass@1 {final['pass_at_1']:.3f} (greedy "
-      f"{final['greedy_accuracy']:.3f}); compilations: "
-      f"{loop.compile_counts()}")
+  if cfg.rl.iterations == 0:
+    # Supervised warm start only: the warm-start evaluation is the final one.
+    final = dict(loop_state.warmstart_eval)
+  else:
+    loop_state, train = loop.run(
+        loop_state, train, evaluate=job.evaluator, saver=job,
+        metrics=job.metrics,
+        checkpoint_every=cfg.checkpoint.every_iterations,
+        show_progress=cfg.log.progress)
+    final = dataclasses.asdict(job.evaluator(train.params))
+    job.metrics.write(loop_state.iteration, "eval", final)
+    log(f"final held-out pass@1 {final['pass_at_1']:.3f} (greedy "
+        f"{final['greedy_accuracy']:.3f}); compilations: "
+        f"{loop.compile_counts()}")
   export = export_policy(job, train.params)
   summary = _write_summary(job, loop_state, final, export)
   job.metrics.close()

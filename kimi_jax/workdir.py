@@ -37,10 +37,10 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 def tokenizer(cfg: ExperimentConfig) -> Any:
   """The tokenizer the run trained with: Hugging Face's when it started from
   a Hugging Face directory, else the task's own."""
-  if cfg.init_from_hf:
+  from kimi_jax.data.tasks import make_task, tokenizer_dir
+  if tokenizer_dir(cfg.init_from_hf, cfg.task):
     from kimi_jax.model.tokenizer import load_hf_tokenizer
-    return load_hf_tokenizer(cfg.init_from_hf)
-  from kimi_jax.data.tasks import make_task
+    return load_hf_tokenizer(tokenizer_dir(cfg.init_from_hf, cfg.task))
   return make_task(cfg.task, cfg.seed).tokenizer
 
 

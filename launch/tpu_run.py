@@ -14,6 +14,12 @@ takes the model section from HF/config.json (a --config.model.* override
 must agree with it, except the run settings: dtypes, remat, max_seq_len)
 and writes the trained policy to W/hf_export/.
 
+A config with a `pipeline` section runs the whole way from raw problems
+(kimi_jax/gym_pipeline.py: data, vanilla SFT, curation, warm-up data,
+long-CoT SFT, RL):
+
+  python launch/tpu_run.py --config experiments/gym_tiny.py --workdir W
+
 Rerun with the same --workdir to resume. Override any config key with
 --config.section.key=value; unknown keys and wrong types are rejected,
 naming the key. Bad input (config, data file, checkpoint directory) stops
@@ -56,10 +62,15 @@ def main(argv):
   quiet_library_logs()
   explicit_model = explicit_model_keys(
       config_flags.get_override_values(flags.FLAGS["config"]))
+  from kimi_jax import gym_pipeline
+  pipeline = gym_pipeline.is_pipeline(_CONFIG.value)
   # Validate before any device work: a bad config fails in seconds.
   config_error = None
   try:
-    parse_config(_CONFIG.value, explicit_model=explicit_model)
+    if pipeline:
+      gym_pipeline.check(_CONFIG.value)
+    else:
+      parse_config(_CONFIG.value, explicit_model=explicit_model)
   except (ConfigError, ValueError) as exc:
     config_error = exc
   from kimi_jax import distributed
@@ -81,8 +92,11 @@ def main(argv):
     distributed.fail(f"config error: {config_error}")
   from kimi_jax.job import train_and_evaluate
   try:
-    train_and_evaluate(_CONFIG.value, _WORKDIR.value,
-                       explicit_model=explicit_model)
+    if pipeline:
+      gym_pipeline.run(_CONFIG.value, _WORKDIR.value)
+    else:
+      train_and_evaluate(_CONFIG.value, _WORKDIR.value,
+                         explicit_model=explicit_model)
   except ConfigError as exc:
     distributed.fail(f"config error: {exc}")
   except DataError as exc:

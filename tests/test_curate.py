@@ -156,6 +156,27 @@ def test_exact_and_near_duplicates():
   assert (2, 0, "near_duplicate") in [(d.index, d.of, d.kind) for d in loose]
 
 
+def test_template_guard_keeps_different_problems_of_one_template():
+  # reasoning-gym's own generator: prompts share a long template and differ
+  # in one short word. On shingles alone every one of them is a near
+  # duplicate of another; the template guard compares the words.
+  from kimi_jax.rewards.reasoning_gym import make_records
+  questions = [r["question"] for r in make_records(
+      "spell_backward", size=60, seed=0, min_word_len=3, max_word_len=5)]
+  words = [q.rsplit(": ", 1)[1] for q in questions]
+  repeats = {i for i, w in enumerate(words) if w in words[:i]}
+  off = dedup.find_duplicates(questions, dedup.DedupConfig(ignore_common=1.0))
+  assert len(off) >= 40  # of 60
+  guarded = dedup.find_duplicates(questions)
+  # Exactly the repeated words are duplicates, plus near ones that share
+  # most of their letters (none in this draw of 3-5 letter words).
+  assert {d.index for d in guarded} == repeats
+  assert all(d.kind == "exact_duplicate" for d in guarded)
+  # A rewording of one problem is still found among the templated ones.
+  reworded = questions + [questions[3].replace("Spell", "spell") + " "]
+  assert dedup.find_duplicates(reworded)[-1].of == 3
+
+
 def test_near_threshold_is_inclusive_and_configurable():
   texts = ["abcdefgh", "abcdefgx"]
   # By hand: 4 five-grams each, abcde bcdef cdefg shared: 3 / 5.

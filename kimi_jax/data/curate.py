@@ -79,6 +79,9 @@ class CurateConfig:
   dedup_ngram: int = 5  # characters
   dedup_threshold: float = 0.8
   dedup_same_numbers: bool = True
+  # Shingles in more than this fraction of the prompts are template
+  # (kimi_jax/data/dedup.py); 1.0: off.
+  dedup_ignore_common: float = 0.5
   tags: bool = True
   tagger: str = "auto"
   max_per_tag: int = 0  # 0: no cap
@@ -137,7 +140,8 @@ class CurateConfig:
   def dedup_config(self) -> dedup_lib.DedupConfig:
     return dedup_lib.DedupConfig(
         exact=self.dedup_exact, near=self.dedup_near, ngram=self.dedup_ngram,
-        threshold=self.dedup_threshold, same_numbers=self.dedup_same_numbers)
+        threshold=self.dedup_threshold, same_numbers=self.dedup_same_numbers,
+        ignore_common=self.dedup_ignore_common)
 
   @property
   def needs_model(self) -> bool:

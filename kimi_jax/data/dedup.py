@@ -22,6 +22,14 @@ duplicates only if they also carry the same sequence of numbers. Prompts are
 compared within blocks of equal number sequences, so the pairwise check
 costs O(block size^2), not O(n^2), for numeric data.
 
+Template guard (ours): generated problems share a long template ("Spell
+this word backward (example: sun -> nus): cat"), whose shingles alone can
+push two different problems past the threshold. Shingles found in more than
+`ignore_common` of all the texts compared (and in at least
+`MIN_COMMON_TEXTS` of them) are template, and are left out of both sets
+before the Jaccard; a text left with no shingle of its own keeps its full
+set. 1.0 switches the guard off.
+
 The first occurrence of a group (in input order) is kept; each later one
 names the row it duplicates. Texts that repeat a `reference` set (the
 held-out evaluation problems) are dropped too, so training never sees an
@@ -30,6 +38,7 @@ evaluation problem.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import re
@@ -38,6 +47,9 @@ from typing import Sequence
 
 _NON_WORD = re.compile(r"[\W_]+", re.UNICODE)
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
+# A shingle is template only if this many texts share it, so small sets
+# (where any two texts are a large fraction) keep their near duplicates.
+MIN_COMMON_TEXTS = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +59,7 @@ class DedupConfig:
   ngram: int = 5
   threshold: float = 0.8
   same_numbers: bool = True
+  ignore_common: float = 0.5
 
   def __post_init__(self):
     if self.ngram < 1:
@@ -54,6 +67,9 @@ class DedupConfig:
     if not 0.0 < self.threshold <= 1.0:
       raise ValueError(f"dedup threshold must be in (0, 1], got "
                        f"{self.threshold}")
+    if not 0.0 < self.ignore_common <= 1.0:
+      raise ValueError(f"dedup ignore_common must be in (0, 1], got "
+                       f"{self.ignore_common}")
 
 
 def normalise(text: str) -> str:
@@ -84,6 +100,23 @@ def numbers(text: str) -> tuple[str, ...]:
   return tuple(_NUMBER.findall(unicodedata.normalize("NFKC", text)))
 
 
+def template_shingles(grams: Sequence[frozenset], fraction: float
+                      ) -> frozenset[str]:
+  """Shingles in more than `fraction` of the sets (and in at least
+  MIN_COMMON_TEXTS of them); none when fraction is 1."""
+  if fraction >= 1.0:
+    return frozenset()
+  counts = collections.Counter(g for gs in grams for g in gs)
+  return frozenset(g for g, n in counts.items()
+                   if n > fraction * len(grams) and n >= MIN_COMMON_TEXTS)
+
+
+def distinctive(grams: frozenset, template: frozenset) -> frozenset:
+  """A text's own shingles: without the template's, unless none is left."""
+  own = grams - template
+  return own if own else grams
+
+
 @dataclasses.dataclass(frozen=True)
 class Duplicate:
   index: int        # the dropped text
@@ -106,13 +139,16 @@ def find_duplicates(texts: Sequence[str], cfg: DedupConfig = DedupConfig(),
   # indices below len(reference) are the reference texts.
   blocks: dict[tuple, list[tuple[int, frozenset]]] = {}
   n_ref = len(reference)
-  for i, text in enumerate(list(reference) + list(texts)):
+  every = list(reference) + list(texts)
+  all_grams = ([shingles(t, cfg.ngram) for t in every] if cfg.near else [])
+  template = template_shingles(all_grams, cfg.ignore_common)
+  for i, text in enumerate(every):
     key = text_hash(text)
     found = None
     if cfg.exact and key in first_of_hash:
       found = (first_of_hash[key], "exact_duplicate", 1.0)
     elif cfg.near:
-      grams = shingles(text, cfg.ngram)
+      grams = distinctive(all_grams[i], template)
       block = blocks.setdefault(numbers(text) if cfg.same_numbers else (),
                                 [])
       best = max(((jaccard(grams, g), j) for j, g in block), default=None)

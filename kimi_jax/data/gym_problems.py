@@ -15,7 +15,7 @@ import dataclasses
 import json
 from typing import Any, Mapping
 
-from kimi_jax.rewards.reasoning_gym import make_records
+from kimi_jax.rewards.reasoning_gym import DEFAULT_PROMPT_SUFFIX, make_records
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +28,8 @@ class GymConfig:
   eval_size: int = 20
   seed: int = 0
   options_json: str = "{}"
+  # Appended to every question to make the prompt (the format instruction).
+  prompt_suffix: str = DEFAULT_PROMPT_SUFFIX
 
   def __post_init__(self):
     if not self.names():
@@ -58,6 +60,7 @@ def problem_sets(cfg: GymConfig) -> tuple[list[dict], list[dict]]:
   options: Mapping[str, dict] = cfg.options()
   for name in cfg.names():
     rows = make_records(name, size=cfg.size + cfg.eval_size, seed=cfg.seed,
+                        prompt_suffix=cfg.prompt_suffix,
                         **options.get(name, {}))
     train += rows[:cfg.size]
     held += rows[cfg.size:]

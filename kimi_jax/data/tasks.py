@@ -39,6 +39,10 @@ class JsonlTaskConfig:
   difficulty_field: str = "difficulty"
   tags_field: str = "tags"
   tests_field: str = "tests"
+  # A Hugging Face tokenizer directory (tokenizer.json + tokenizer_config
+  # .json) for a model trained from scratch; empty with init_from_hf, whose
+  # checkpoint brings its own.
+  tokenizer: str = ""
   # Instruct models: prompts go through the checkpoint's chat template.
   chat_template: bool = True
   system_prompt: str = ""
@@ -61,6 +65,12 @@ _TASK_CONFIGS = {"pointer_chase": pointer_chase.PointerChaseConfig,
                  "jsonl": JsonlTaskConfig}
 # Tasks that bring their own warm-start (SFT) pairs.
 _TASKS_WITH_WARMSTART = ("pointer_chase",)
+
+
+def tokenizer_dir(init_from_hf: str, task: TaskConfig) -> str:
+  """The Hugging Face directory whose tokenizer the run uses ("" for a
+  task with its own): the checkpoint's, else `task.tokenizer`."""
+  return init_from_hf or getattr(task, "tokenizer", "")
 
 
 def task_config(section: Mapping[str, Any]) -> TaskConfig:
@@ -136,7 +146,8 @@ def _jsonl_task(cfg: JsonlTaskConfig, tokenizer: Any,
   from kimi_jax.rewards import registry
   if tokenizer is None:
     raise ValueError("task.name='jsonl' needs a tokenizer: set init_from_hf "
-                     "to a local Hugging Face directory")
+                     "to a local Hugging Face directory, or task.tokenizer "
+                     "to a tokenizer directory")
   fields = prompt_fields(cfg)
   encode = lambda r: prompt_ids(tokenizer, r["prompt"],
                                 chat_template=cfg.chat_template,

@@ -55,7 +55,10 @@ class RLConfig:
     def bad(key, msg):
       raise ValueError(f"config.rl.{key}: {msg}")
 
-    for key in ("iterations", "prompts_per_iteration", "samples_per_prompt",
+    if self.iterations < 0:
+      bad("iterations", f"must be >= 0 (0: supervised warm start only), got "
+          f"{self.iterations}")
+    for key in ("prompts_per_iteration", "samples_per_prompt",
                 "minibatch_prompts", "epochs", "max_response_len",
                 "token_budget", "eval_samples"):
       if getattr(self, key) <= 0:

@@ -1,0 +1,98 @@
+"""python launch/tpu_run.py --config experiments/gym_tiny.py --workdir /tmp/kimi_gym
+
+From raw reasoning-gym problems to an RL-trained policy in one job, on a
+laptop CPU (kimi_jax/gym_pipeline.py, docs/curation.md): problems from
+three generators (chain sums, spelling backward, letter counting) and a
+tokenizer built on them; vanilla SFT of a small model from scratch on
+worked solutions; curation of the RL prompts with that model (easy-to-hack
+and pass-rate steps, report 2.1); long-CoT warm-up rows by rejection
+sampling it (2.2); then the main job: long-CoT SFT on those rows and Kimi
+k1.5 RL on the curated prompts, prioritized by their measured pass rate.
+W/summary.json: curation, warmup, vanilla_eval, warmstart_eval, final_eval
+(pass@1 overall and per task).
+
+The same run without curation: --config.pipeline.curate=False.
+`experiments/gym_tiny.py:micro` is a seconds-scale variant for tests.
+"""
+
+import dataclasses
+import json
+
+import ml_collections
+
+from experiments import tiny
+from kimi_jax.data.curate import CurateConfig
+from kimi_jax.data.gym_problems import GymConfig
+from kimi_jax.data.warmup import WarmupConfig
+from kimi_jax.gym_pipeline import PipelineConfig
+
+# Generators and sizes a ~1M-parameter model can learn in minutes (ours).
+GYM_OPTIONS = {
+    "chain_sum": {"min_terms": 2, "max_terms": 3, "min_digits": 1,
+                  "max_digits": 1},
+    "spell_backward": {"min_word_len": 3, "max_word_len": 5},
+    "letter_counting": {"min_words": 2, "max_words": 3},
+}
+COT_CUE = "\nThink step by step."
+
+
+def _section(cls, **changes) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dataclasses.asdict(cls(**changes)))
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = tiny.get_config()
+  c.model.update(vocab_size=160, d_model=128, n_layers=4, n_heads=4,
+                 n_kv_heads=2, head_dim=32, mlp_dim=512, max_seq_len=128)
+  # Paths are filled in by the pipeline (W/data, W/tokenizer).
+  c.task = ml_collections.ConfigDict(dict(
+      name="jsonl", train_path="", eval_path="", reward="reasoning_gym",
+      prompt_field="prompt", answer_field="answer",
+      difficulty_field="difficulty", tags_field="tags", tests_field="tests",
+      tokenizer="", chat_template=False, system_prompt="",
+      on_bad_row="error"))
+  c.sft.update(batch_size=32, seq_len=128, learning_rate=2e-3,
+               warmup_steps=20, decay="cosine", final_learning_rate=2e-4)
+  c.sampler.update(cache_len=112, prefill_buckets=(32, 64),
+                   max_slots=128, steps_per_call=16)
+  c.rl.update(iterations=30, prompts_per_iteration=32, samples_per_prompt=8,
+              minibatch_prompts=16, learning_rate=2e-4, max_response_len=48,
+              token_budget=48, length_reward_warmup=20,
+              length_reward_weight=0.1, train_len_buckets=(64, 96, 128),
+              eval_every=10, eval_samples=4)
+  c.prompt_sampling.initial_success_field = "pass_rate"
+
+  c.pipeline = _section(PipelineConfig, cot_cue=COT_CUE)
+  c.gym = _section(GymConfig, datasets=",".join(GYM_OPTIONS), size=200,
+                   eval_size=50, options_json=json.dumps(GYM_OPTIONS),
+                   prompt_suffix="")
+  c.reward = ml_collections.ConfigDict(dict(name="reasoning_gym",
+                                            options={}))
+  # The bare problem is the prompt, and "<answer>" opens a no-CoT guess.
+  c.curate = _section(CurateConfig, hack_template="{question}",
+                      hack_max_tokens=8, pass_max_tokens=48,
+                      max_pass_rate=0.9)
+  c.warmup = _section(WarmupConfig, template="{prompt}" + COT_CUE,
+                      samples=8, max_new_tokens=48, keep="shortest")
+  if arg == "micro":
+    shrink_to_micro(c)
+  elif arg:
+    raise ValueError(f"unknown variant {arg!r} (known: micro)")
+  return c
+
+
+def shrink_to_micro(c: ml_collections.ConfigDict) -> None:
+  """Seconds-scale: a handful of problems, steps and iterations."""
+  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                 head_dim=16, mlp_dim=64)
+  c.pipeline.update(vanilla_sft_steps=6, sft_problems=8,
+                    long_cot_sft_steps=2)
+  c.gym.update(size=6, eval_size=2)
+  c.sft.update(batch_size=8, warmup_steps=1)
+  c.sampler.max_slots = 32
+  c.rl.update(iterations=2, prompts_per_iteration=4, samples_per_prompt=4,
+              minibatch_prompts=4, length_reward_warmup=1, eval_every=0,
+              eval_samples=1)
+  c.curate.update(pass_samples=2, hack_guesses=2)
+  c.warmup.update(samples=2)
+  c.log.update(progress=False, plots=False)

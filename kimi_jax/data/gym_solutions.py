@@ -1,0 +1,74 @@
+"""Worked solutions for a few reasoning-gym datasets: the vanilla SFT data of
+experiments/gym_tiny.py.
+
+The report's vanilla SFT corpus is human-written (2.5.2); a model trained
+from scratch has nothing of the kind, so these functions write one from
+each problem's own metadata: a step-by-step solution ("cot") or the bare
+answer ("direct"), both ending in the answer tags the reasoning-gym reward
+reads. They are ours, written for a small character-level model: one short
+line per step, with what each step needs to copy close by. Tests check
+every solution against reasoning-gym's own scorer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+STYLES = ("cot", "direct")
+
+
+def _tagged(answer: str) -> str:
+  return f"<answer>{answer}</answer>"
+
+
+def chain_sum_steps(record: Mapping[str, Any]) -> tuple[list[str], str]:
+  """Left to right, one partial result per line: "4 - 7 = -3"."""
+  terms = record["metadata"]["expression"].split()
+  value, lines = int(terms[0]), []
+  for op, term in zip(terms[1::2], terms[2::2]):
+    if op not in "+-":
+      raise ValueError(f"chain_sum: operator {op!r} is not + or -")
+    new = value + int(term) if op == "+" else value - int(term)
+    lines.append(f"{value} {op} {term} = {new}")
+    value = new
+  return lines, str(value)
+
+
+def spell_backward_steps(record: Mapping[str, Any]) -> tuple[list[str], str]:
+  """The letters numbered, then the numbers counted down: "1c 2a 3t" /
+  "3t 2a 1c", so each reversed letter sits right after its number."""
+  word = record["metadata"]["word"]
+  numbered = [f"{i + 1}{ch}" for i, ch in enumerate(word)]
+  return [" ".join(numbered), " ".join(reversed(numbered))], word[::-1]
+
+
+def letter_counting_steps(record: Mapping[str, Any]
+                          ) -> tuple[list[str], str]:
+  """One line per word: its count of the letter and the running total."""
+  meta = record["metadata"]
+  letter, total, lines = meta["target_letter"], 0, []
+  for word in meta["span"]:
+    n = word.lower().count(letter)
+    total += n
+    lines.append(f"{word} {n} {total}")
+  return lines, str(total)
+
+
+SOLVERS: dict[str, Callable[[Mapping[str, Any]], tuple[list[str], str]]] = {
+    "chain_sum": chain_sum_steps,
+    "spell_backward": spell_backward_steps,
+    "letter_counting": letter_counting_steps,
+}
+
+
+def solution(record: Mapping[str, Any], style: str) -> str:
+  """The response text of `record` (a kimi_jax reasoning-gym row) in
+  `style`: "cot" (steps, then the tagged answer) or "direct"."""
+  if style not in STYLES:
+    raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+  dataset = record["rg"]["dataset"]
+  if dataset not in SOLVERS:
+    raise ValueError(f"no worked solutions for reasoning-gym dataset "
+                     f"{dataset!r} (known: {sorted(SOLVERS)})")
+  lines, answer = SOLVERS[dataset](record)
+  return "\n".join((lines if style == "cot" else []) + [_tagged(answer)])

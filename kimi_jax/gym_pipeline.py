@@ -1,0 +1,362 @@
+"""From raw reasoning-gym problems to an RL-trained policy in one job
+(report 2.1, 2.2, 2.5.2, then 2.3): what `python launch/tpu_run.py --config
+experiments/gym_tiny.py --workdir W` runs when the config has a `pipeline`
+section.
+
+Stages, each in its own place under W and skipped when a rerun finds it
+finished (a killed stage resumes: the two training runs from their Orbax
+checkpoints, the data stages from scratch):
+
+  data/      raw train, held-out and vanilla-SFT problems from the
+             generators, and the tokenizer built on them (text_tokenizer)
+  vanilla/   vanilla SFT (report 2.5.2, stage one) on worked solutions,
+             some step by step under a cue, some direct
+  data/      curation with the vanilla model (report 2.1): format, dedup,
+             tags, easy-to-hack (no-CoT guesses), pass rate and difficulty
+  data/      long-CoT warm-up rows by rejection sampling the vanilla model
+             under the cue (report 2.2)
+  rl/        the main job from the vanilla policy: long-CoT SFT on the
+             warm-up rows, then RL on the curated prompts with prioritized
+             sampling starting from the measured pass rates
+  summary.json  curation and warm-up counts, vanilla_eval, warmstart_eval
+             (after the long-CoT SFT) and final_eval, per task
+
+`pipeline.curate=False` is the same run without curation: warm-up rows and
+RL prompts come from the raw problems.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import tempfile
+import time
+from typing import Any, Callable
+
+import jax
+import ml_collections
+
+from kimi_jax import job as job_lib
+from kimi_jax.config import ConfigError, to_dataclass
+from kimi_jax.console import log
+from kimi_jax.data import curate as curate_lib
+from kimi_jax.data import records as records_lib
+from kimi_jax.data import text_tokenizer, warmup
+from kimi_jax.data.gym_problems import GymConfig, problem_sets
+from kimi_jax.data.gym_solutions import solution
+from kimi_jax.experiment import parse_config
+from kimi_jax.long2short import policies
+from kimi_jax.rewards import registry
+
+SECTIONS = ("pipeline", "gym", "curate", "warmup")
+SUMMARY_FILE = "summary.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+  """The `pipeline` section (values ours; the report gives none for a
+  model this small).
+
+  vanilla_sft_steps: steps of the vanilla SFT stage (its learning rates:
+    the job's sft section).
+  sft_problems: vanilla-SFT problems per dataset, drawn past the train and
+    held-out items of each generator.
+  direct_fraction: share of them answered directly; the rest are solved
+    step by step, their prompt followed by `cot_cue`.
+  cot_cue: what asks the model for steps (the "prompt engineering" of
+    report 2.2 for a model that has only seen this cue).
+  long_cot_sft_steps: steps of the long-CoT SFT on the warm-up rows, at the
+    start of the main job.
+  curate: False runs the same pipeline without curation.
+  min_word_fraction: the tokenizer's word threshold (text_tokenizer).
+  """
+
+  vanilla_sft_steps: int = 300
+  sft_problems: int = 400
+  direct_fraction: float = 0.5
+  cot_cue: str = "\nThink step by step."
+  long_cot_sft_steps: int = 100
+  curate: bool = True
+  min_word_fraction: float = 0.1
+
+  def __post_init__(self):
+    if self.vanilla_sft_steps < 1 or self.sft_problems < 1:
+      raise ValueError("pipeline.vanilla_sft_steps and sft_problems must be "
+                       ">= 1")
+    if self.long_cot_sft_steps < 0:
+      raise ValueError("pipeline.long_cot_sft_steps must be >= 0")
+    if not 0 <= self.direct_fraction <= 1:
+      raise ValueError("pipeline.direct_fraction must be in [0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Paths:
+  workdir: str
+
+  def __getattr__(self, name: str) -> str:
+    files = {"train": "data/train.jsonl", "eval": "data/eval.jsonl",
+             "sft": "data/vanilla_sft.jsonl", "tokenizer": "tokenizer",
+             "curated": "data/curated.jsonl",
+             "rejected": "data/curated.rejected.jsonl",
+             "curation": "data/curation.json",
+             "warmup": "data/warmup.jsonl",
+             "warmup_report": "data/warmup.json",
+             "data_done": "data/problems.json",
+             "vanilla": "vanilla", "rl": "rl"}
+    if name not in files:
+      raise AttributeError(name)
+    return os.path.join(self.workdir, files[name])
+
+
+def is_pipeline(config: ml_collections.ConfigDict) -> bool:
+  return "pipeline" in config
+
+
+def pipeline_config(config: ml_collections.ConfigDict) -> PipelineConfig:
+  return to_dataclass(PipelineConfig, config.pipeline, "pipeline")
+
+
+def gym_config(config: ml_collections.ConfigDict) -> GymConfig:
+  return to_dataclass(GymConfig, config.gym, "gym")
+
+
+def job_config(config: ml_collections.ConfigDict, paths: Paths, *,
+               stage: str) -> ml_collections.ConfigDict:
+  """The main-job config of a training stage ("vanilla" or "rl"): the
+  config without the pipeline's sections, its data paths filled in."""
+  pipe = pipeline_config(config)
+  out = ml_collections.ConfigDict(
+      {k: v for k, v in config.to_dict().items() if k not in SECTIONS})
+  out.task.tokenizer = paths.tokenizer
+  out.task.eval_path = paths.eval
+  if stage == "vanilla":
+    out.task.train_path = paths.train
+    out.sft.steps = pipe.vanilla_sft_steps
+    out.sft.train_path = paths.sft
+    out.rl.iterations = 0
+    out.rl.eval_every = 0
+    out.prompt_sampling.initial_success_field = ""
+  elif stage == "rl":
+    out.task.train_path = paths.curated if pipe.curate else paths.train
+    out.sft.steps = pipe.long_cot_sft_steps
+    out.sft.train_path = paths.warmup
+    if not pipe.curate:
+      out.prompt_sampling.initial_success_field = ""
+  else:
+    raise ValueError(f"unknown stage {stage!r}")
+  return out
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """Every section typed and both training stages' configs valid, before
+  anything runs (the data files they name need not exist yet)."""
+  pipeline_config(config)
+  gym_config(config)
+  from kimi_jax.data import tools_config
+  tools_config.curate_config(config)
+  tools_config.warmup_config(config)
+  with tempfile.TemporaryDirectory() as scratch:
+    paths = Paths(scratch)
+    for name in ("train", "eval", "sft", "curated", "warmup"):
+      os.makedirs(os.path.dirname(getattr(paths, name)), exist_ok=True)
+      open(getattr(paths, name), "w").close()  # stand-ins, checked unread
+    for stage in ("vanilla", "rl"):
+      parse_config(job_config(config, paths, stage=stage))
+
+
+# ---- the data stage -----------------------------------------------------------
+
+
+def sft_rows(records: list[dict], pipe: PipelineConfig, seed: int
+             ) -> list[dict]:
+  """Vanilla SFT rows: direct answers to plain prompts for a
+  `direct_fraction` of the problems (a seeded choice), worked solutions to
+  cued prompts for the rest."""
+  rng = random.Random(seed)
+  rows = []
+  for record in records:
+    direct = rng.random() < pipe.direct_fraction
+    prompt = record["prompt"] + ("" if direct else pipe.cot_cue)
+    rows.append({"id": record["id"], "prompt": prompt,
+                 "response": solution(record, "direct" if direct else "cot")})
+  return rows
+
+
+def vanilla_problems(gym: GymConfig, per_dataset: int) -> list[dict]:
+  """Problems past every train and held-out item of each generator."""
+  from kimi_jax.rewards.reasoning_gym import make_records
+  out = []
+  first = gym.size + gym.eval_size
+  for name in gym.names():
+    rows = make_records(name, size=first + per_dataset, seed=gym.seed,
+                        prompt_suffix=gym.prompt_suffix,
+                        **gym.options().get(name, {}))
+    out += rows[first:]
+  return out
+
+
+def stage_data(config: ml_collections.ConfigDict, paths: Paths) -> dict:
+  if os.path.exists(paths.data_done):
+    with open(paths.data_done) as f:
+      return json.load(f)
+  pipe, gym = pipeline_config(config), gym_config(config)
+  train, held = problem_sets(gym)
+  sft = sft_rows(vanilla_problems(gym, pipe.sft_problems), pipe,
+                 int(config.seed))
+  groups: dict[str, list[str]] = {}
+  for row in train:
+    groups.setdefault(row["rg"]["dataset"], []).append(row["prompt"])
+  groups["vanilla_sft"] = [r["prompt"] for r in sft]
+  text_tokenizer.build_for(groups, paths.tokenizer, pipe.min_word_fraction)
+  for path, rows in ((paths.train, train), (paths.eval, held),
+                     (paths.sft, sft)):
+    curate_lib.write_jsonl(path, rows)
+  info = {"train": len(train), "eval": len(held), "vanilla_sft": len(sft),
+          "datasets": gym.names()}
+  _write_json(paths.data_done, info)
+  return info
+
+
+# ---- curation and warm-up data -----------------------------------------------
+
+
+def _policy(paths: Paths):
+  from kimi_jax.data.policy import load_policy
+  return load_policy(workdir=paths.vanilla)
+
+
+def stage_curate(config: ml_collections.ConfigDict, paths: Paths,
+                 policy: Callable[[], Any]) -> dict | None:
+  if not pipeline_config(config).curate:
+    return None
+  if os.path.exists(paths.curation):
+    with open(paths.curation) as f:
+      return json.load(f)
+  from kimi_jax.data import tools_config
+  cfg = tools_config.curate_config(config)
+  held = list(records_lib.load_prompt_source(paths.eval, cfg.fields()))
+  result = curate_lib.curate(paths.train, cfg, policy=policy(),
+                             reward=tools_config.make_reward(config),
+                             held_out=held)
+  # The report is written last: its presence marks the stage finished.
+  return curate_lib.write_outputs(result, paths.curated, paths.rejected,
+                                  paths.curation)
+
+
+def stage_warmup(config: ml_collections.ConfigDict, paths: Paths,
+                 policy: Callable[[], Any]) -> dict:
+  if os.path.exists(paths.warmup_report):
+    with open(paths.warmup_report) as f:
+      return json.load(f)
+  from kimi_jax.data import tools_config
+  pipe = pipeline_config(config)
+  cfg = tools_config.warmup_config(config)
+  source = paths.curated if pipe.curate else paths.train
+  fields = tools_config.curate_config(config).fields()
+  records = list(records_lib.load_prompt_source(source, fields))
+  result = warmup.rejection_sample(records, cfg, policy=policy(),
+                                   reward=tools_config.make_reward(config))
+  if not result.rows:
+    raise ConfigError("warm-up: no verified response to train on; see "
+                      "the acceptance rates (more vanilla_sft_steps, or "
+                      "more warmup.samples)")
+  curate_lib.write_jsonl(paths.warmup, result.rows)
+  report = dict(result.report(), input=source, output=paths.warmup)
+  _write_json(paths.warmup_report, report)
+  return report
+
+
+# ---- the two training runs ------------------------------------------------------
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str,
+           init_from: str | None = None) -> dict:
+  done = policies.stage_done(workdir)
+  if done is not None:
+    return done["summary"]
+  init = None if init_from is None else (
+      lambda job: policies.read_policy(init_from, policies.param_shardings(
+          job.cfg, job.sharder))[0])
+  summary = job_lib.train_and_evaluate(config, workdir, init_params=init)
+  policies.mark_done(workdir, {"summary": summary})
+  return summary
+
+
+def _write_json(path: str, value: Any) -> None:
+  if jax.process_index() != 0:
+    return
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    json.dump(value, f, indent=2)
+  os.replace(path + ".tmp", path)
+
+
+def _curation_summary(report: dict | None) -> dict:
+  if report is None:
+    return {"enabled": False}
+  return {"enabled": True, "rows": report["rows"], "kept": report["kept"],
+          "dropped": report["dropped"],
+          "dropped_by_reason": report["dropped_by_reason"],
+          "accounted": report.get("accounted")}
+
+
+def _warmup_summary(report: dict) -> dict:
+  keys = ("prompts", "responses", "correct", "acceptance_rate", "rows",
+          "acceptance_by_tag", "examples")
+  return {k: report[k] for k in keys if k in report}
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Every stage (finished ones skipped); returns W/summary.json's content."""
+  t0 = time.perf_counter()
+  check(config)
+  registry.make_reward(str(config.reward.name))  # fails early, names it
+  paths = Paths(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  seconds: dict[str, float] = {}
+
+  def timed(name: str, fn: Callable[[], Any]) -> Any:
+    t = time.perf_counter()
+    out = fn()
+    seconds[name] = round(time.perf_counter() - t, 1)
+    return out
+
+  data = timed("data", lambda: stage_data(config, paths))
+  log(f"gym pipeline: {data['train']} train / {data['eval']} held-out / "
+      f"{data['vanilla_sft']} vanilla-SFT problems")
+  vanilla = timed("vanilla_sft", lambda: _train(
+      job_config(config, paths, stage="vanilla"), paths.vanilla))
+  cache: dict[str, Any] = {}
+
+  def policy():
+    if "policy" not in cache:
+      cache["policy"] = _policy(paths)
+    return cache["policy"]
+
+  curation = timed("curate", lambda: stage_curate(config, paths, policy))
+  if curation is not None:
+    log(f"gym pipeline: curation kept {curation['kept']} of "
+        f"{curation['rows']} ({curation['dropped_by_reason']})")
+  warm = timed("warmup", lambda: stage_warmup(config, paths, policy))
+  log(f"gym pipeline: warm-up accepted {warm['correct']} of "
+      f"{warm['responses']} responses, {warm['rows']} rows")
+  cache.clear()
+  final = timed("rl", lambda: _train(job_config(config, paths, stage="rl"),
+                                     paths.rl, init_from=paths.vanilla))
+  summary = {"curation": _curation_summary(curation),
+             "warmup": _warmup_summary(warm),
+             "vanilla_eval": vanilla["final_eval"],
+             "warmstart_eval": final["warmstart_eval"],
+             "final_eval": final["final_eval"],
+             "gain": (final["final_eval"]["pass_at_1"] -
+                      final["warmstart_eval"]["pass_at_1"]),
+             "data": data, "seconds": dict(seconds, total=round(
+                 time.perf_counter() - t0, 1))}
+  _write_json(os.path.join(workdir, SUMMARY_FILE), summary)
+  log(f"gym pipeline: held-out pass@1 vanilla "
+      f"{summary['vanilla_eval']['pass_at_1']:.3f}, warm start "
+      f"{summary['warmstart_eval']['pass_at_1']:.3f}, after RL "
+      f"{summary['final_eval']['pass_at_1']:.3f}")
+  return summary
