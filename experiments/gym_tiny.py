@@ -56,13 +56,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sampler.update(cache_len=112, prefill_buckets=(32, 64),
                    max_slots=128, steps_per_call=16)
   c.rl.update(iterations=30, prompts_per_iteration=32, samples_per_prompt=8,
-              minibatch_prompts=16, learning_rate=2e-4, max_response_len=48,
+              minibatch_prompts=16, learning_rate=5e-5, max_response_len=48,
               token_budget=48, length_reward_warmup=20,
               length_reward_weight=0.1, train_len_buckets=(64, 96, 128),
               eval_every=10, eval_samples=4)
   c.prompt_sampling.initial_success_field = "pass_rate"
 
-  c.pipeline = _section(PipelineConfig, cot_cue=COT_CUE)
+  c.pipeline = _section(PipelineConfig, cot_cue=COT_CUE,
+                        vanilla_sft_steps=600, long_cot_sft_steps=60)
   c.gym = _section(GymConfig, datasets=",".join(GYM_OPTIONS), size=200,
                    eval_size=50, options_json=json.dumps(GYM_OPTIONS),
                    prompt_suffix="")
@@ -83,16 +84,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def shrink_to_micro(c: ml_collections.ConfigDict) -> None:
   """Seconds-scale: a handful of problems, steps and iterations."""
-  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                 head_dim=16, mlp_dim=64)
-  c.pipeline.update(vanilla_sft_steps=6, sft_problems=8,
+  # Big enough to learn the answer format in its few steps, so that the
+  # warm-up stage finds verified responses (small counts are often right).
+  c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                 head_dim=16, mlp_dim=256)
+  c.pipeline.update(vanilla_sft_steps=150, sft_problems=8,
                     long_cot_sft_steps=2)
   c.gym.update(size=6, eval_size=2)
-  c.sft.update(batch_size=8, warmup_steps=1)
+  c.sft.update(batch_size=8, warmup_steps=1, learning_rate=3e-3)
   c.sampler.max_slots = 32
   c.rl.update(iterations=2, prompts_per_iteration=4, samples_per_prompt=4,
               minibatch_prompts=4, length_reward_warmup=1, eval_every=0,
               eval_samples=1)
   c.curate.update(pass_samples=2, hack_guesses=2)
-  c.warmup.update(samples=2)
+  c.warmup.update(samples=8)
   c.log.update(progress=False, plots=False)

@@ -68,7 +68,8 @@ class PipelineConfig:
   cot_cue: what asks the model for steps (the "prompt engineering" of
     report 2.2 for a model that has only seen this cue).
   long_cot_sft_steps: steps of the long-CoT SFT on the warm-up rows, at the
-    start of the main job.
+    start of the main job: `long_cot_warmup_steps` up to
+    `long_cot_learning_rate`, then down to a tenth of it.
   curate: False runs the same pipeline without curation.
   min_word_fraction: the tokenizer's word threshold (text_tokenizer).
   """
@@ -78,6 +79,10 @@ class PipelineConfig:
   direct_fraction: float = 0.5
   cot_cue: str = "\nThink step by step."
   long_cot_sft_steps: int = 100
+  # Report 2.5.2's second stage re-warms to 1e-5 and decays to 1e-6 (a
+  # tenth); for a model this small, ours: this peak, a tenth at the end.
+  long_cot_learning_rate: float = 5e-4
+  long_cot_warmup_steps: int = 5
   curate: bool = True
   min_word_fraction: float = 0.1
 
@@ -142,6 +147,9 @@ def job_config(config: ml_collections.ConfigDict, paths: Paths, *,
     out.task.train_path = paths.curated if pipe.curate else paths.train
     out.sft.steps = pipe.long_cot_sft_steps
     out.sft.train_path = paths.warmup
+    out.sft.learning_rate = pipe.long_cot_learning_rate
+    out.sft.warmup_steps = pipe.long_cot_warmup_steps
+    out.sft.final_learning_rate = pipe.long_cot_learning_rate / 10
     if not pipe.curate:
       out.prompt_sampling.initial_success_field = ""
   else:

@@ -81,7 +81,7 @@ class CurateConfig:
   dedup_same_numbers: bool = True
   # Shingles in more than this fraction of the prompts are template
   # (kimi_jax/data/dedup.py); 1.0: off.
-  dedup_ignore_common: float = 0.5
+  dedup_ignore_common: float = 0.1
   tags: bool = True
   tagger: str = "auto"
   max_per_tag: int = 0  # 0: no cap

@@ -59,7 +59,7 @@ class DedupConfig:
   ngram: int = 5
   threshold: float = 0.8
   same_numbers: bool = True
-  ignore_common: float = 0.5
+  ignore_common: float = 0.1
 
   def __post_init__(self):
     if self.ngram < 1:

@@ -1,0 +1,178 @@
+"""The raw-problems-to-RL pipeline (kimi_jax/gym_pipeline.py): its
+tokenizer against `transformers`, its worked solutions against
+reasoning-gym's own scorer, and the whole job end to end on the micro
+variant of experiments/gym_tiny.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments import gym_tiny
+from kimi_jax import gym_pipeline
+from kimi_jax.config import ConfigError
+from kimi_jax.data import text_tokenizer
+from kimi_jax.data.gym_solutions import solution
+from kimi_jax.model.tokenizer import load_hf_tokenizer
+from kimi_jax.rewards import registry
+from kimi_jax.rewards.reasoning_gym import make_records
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _records(name: str, n: int = 40) -> list[dict]:
+  return make_records(name, size=n, seed=3, prompt_suffix="",
+                      **gym_tiny.GYM_OPTIONS[name])
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+  groups = {name: [r["prompt"] for r in _records(name)]
+            for name in gym_tiny.GYM_OPTIONS}
+  path = str(tmp_path_factory.mktemp("tok"))
+  text_tokenizer.build_for(groups, path, min_fraction=0.1)
+  return path
+
+
+def test_text_tokenizer_round_trips_and_matches_transformers(tokenizer_dir):
+  import transformers
+  ours = load_hf_tokenizer(tokenizer_dir)
+  theirs = transformers.PreTrainedTokenizerFast(
+      tokenizer_file=os.path.join(tokenizer_dir, "tokenizer.json"))
+  texts = [r["prompt"] for name in gym_tiny.GYM_OPTIONS
+           for r in _records(name, 10)]
+  texts += ["1c 2a 3t\n3t 2a 1c\n<answer>tac</answer>", "there the ~{}"]
+  for text in texts:
+    ids = ours.encode(text)
+    assert ids == theirs.encode(text, add_special_tokens=False)
+    assert ours.decode(ids) == text
+  # Template words are one token each (with their space); the problem's
+  # own word is spelled letter by letter; tags are single pieces.
+  vocab = ours.tokenizer.get_vocab()
+  assert " backward" in vocab and "Spell" in vocab
+  word = _records("spell_backward", 1)[0]["metadata"]["word"]
+  pieces = [ours.tokenizer.id_to_token(i) for i in ours.encode(
+      f"Spell this word backward: {word}")]
+  assert pieces[:4] == ["Spell", " this", " word", " backward"]
+  assert pieces[-len(word):] == list(word)
+  assert ours.encode("<answer>") == [vocab["<answer>"]]
+  # A prompt as the job encodes it starts with BOS; EOS ends a response.
+  assert ours.encode_with_special_tokens("x") == [ours.bos_id, vocab["x"]]
+  assert ours.decode([vocab["x"], ours.eos_id]) == "x"
+
+
+def test_frequent_words_take_words_common_in_one_group():
+  groups = {"a": ["alpha beta", "alpha beta", "alpha gamma"],
+            "b": ["zeta gamma", "eta"]}
+  # Needs 0.6 x 3 texts in a, 0.6 x 2 in b: alpha (3) and " beta" (2) in
+  # a; " gamma" is in one text of each, enough in neither.
+  assert text_tokenizer.frequent_words(groups, 0.6) == [" beta", "alpha"]
+  with pytest.raises(ValueError, match="min_fraction"):
+    text_tokenizer.frequent_words(groups, 0.0)
+
+
+@pytest.mark.parametrize("name", sorted(gym_tiny.GYM_OPTIONS))
+def test_worked_solutions_are_right_by_reasoning_gyms_own_scorer(name):
+  reward = registry.make_reward("reasoning_gym")
+  for record in _records(name):
+    for style in ("cot", "direct"):
+      text = solution(record, style)
+      assert reward(record, text).correct, (style, text)
+    # A wrong final answer after the same steps fails: the scorer checks.
+    wrong = solution(record, "cot").rsplit("<answer>", 1)[0] + \
+        "<answer>" + record["answer"] + "x</answer>"
+    assert not reward(record, wrong).correct
+
+
+def test_chain_sum_steps_by_hand():
+  record = {"rg": {"dataset": "chain_sum"},
+            "metadata": {"expression": "4 - 7 + 9"}}
+  assert solution(record, "cot") == "4 - 7 = -3\n-3 + 9 = 6\n<answer>6</answer>"
+  assert solution(record, "direct") == "<answer>6</answer>"
+  record = {"rg": {"dataset": "spell_backward"}, "metadata": {"word": "cat"}}
+  assert solution(record, "cot") == "1c 2a 3t\n3t 2a 1c\n<answer>tac</answer>"
+  record = {"rg": {"dataset": "letter_counting"},
+            "metadata": {"target_letter": "a", "span": ["Banana", "cat"]}}
+  assert solution(record, "cot") == ("Banana 3 3\ncat 1 4\n"
+                                     "<answer>4</answer>")
+  with pytest.raises(ValueError, match="no worked solutions"):
+    solution({"rg": {"dataset": "leg_counting"}, "metadata": {}}, "cot")
+
+
+def test_vanilla_sft_rows_mix_direct_and_cued_steps():
+  pipe = gym_pipeline.PipelineConfig(direct_fraction=0.25, cot_cue="\nCUE")
+  records = _records("chain_sum", 200)
+  rows = gym_pipeline.sft_rows(records, pipe, seed=0)
+  direct = [r for r in rows if not r["prompt"].endswith("\nCUE")]
+  assert 30 <= len(direct) <= 70  # a quarter of 200, seeded
+  for row, record in zip(rows, records):
+    cued = row["prompt"].endswith("\nCUE")
+    assert row["response"] == solution(record, "cot" if cued else "direct")
+  assert rows == gym_pipeline.sft_rows(records, pipe, seed=0)
+
+
+def test_config_errors_name_the_key():
+  config = gym_tiny.get_config("micro")
+  config.pipeline.direct_fraction = 1.5
+  with pytest.raises(ValueError, match="pipeline.direct_fraction"):
+    gym_pipeline.check(config)
+  # A JSONL task with neither a checkpoint nor a tokenizer of its own.
+  from kimi_jax.experiment import parse_config
+  config = gym_pipeline.job_config(gym_tiny.get_config("micro"),
+                                   gym_pipeline.Paths("/w"), stage="rl")
+  config.task.tokenizer = ""
+  config.task.train_path = config.task.eval_path = __file__
+  config.sft.steps = 0
+  with pytest.raises(ConfigError, match="config.task.tokenizer"):
+    parse_config(config)
+
+
+@pytest.mark.slow
+def test_micro_pipeline_end_to_end_and_rerun_is_a_no_op(tmp_path):
+  workdir = str(tmp_path / "w")
+  cmd = [sys.executable, "launch/tpu_run.py", "--config",
+         "experiments/gym_tiny.py:micro", "--workdir", workdir]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  with open(os.path.join(workdir, "summary.json")) as f:
+    summary = json.load(f)
+  for key in ("curation", "warmup", "vanilla_eval", "warmstart_eval",
+              "final_eval"):
+    assert key in summary
+  assert set(summary["final_eval"]["pass_at_1_by_task"]) == {
+      f"rg/{n}" for n in gym_tiny.GYM_OPTIONS}
+  # Nothing lost: every raw problem is curated or rejected with a reason.
+  paths = gym_pipeline.Paths(workdir)
+  count = lambda p: sum(1 for _ in open(p))
+  assert count(paths.curated) + count(paths.rejected) == count(paths.train)
+  assert summary["curation"]["kept"] == count(paths.curated)
+  assert summary["curation"]["accounted"] is True
+  # The warm-up rows are verified responses to curated prompts.
+  reward = registry.make_reward("reasoning_gym")
+  curated = {json.loads(l)["id"]: json.loads(l) for l in open(paths.curated)}
+  rows = [json.loads(l) for l in open(paths.warmup)]
+  assert rows and len(rows) == summary["warmup"]["rows"]
+  for row in rows:
+    record = curated[row["id"].split("#")[0]]
+    assert row["prompt"] == record["prompt"]
+    assert reward(record, row["response"]).correct
+  # The RL run trained on the curated prompts, starting from the vanilla
+  # policy, and read their measured pass rates.
+  with open(os.path.join(workdir, "rl", "config.json")) as f:
+    rl_config = json.load(f)
+  assert rl_config["task"]["train_path"] == paths.curated
+  assert rl_config["prompt_sampling"]["initial_success_field"] == "pass_rate"
+  # A rerun finds every stage finished and trains nothing.
+  again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "new run" not in again.stderr + again.stdout
+  with open(os.path.join(workdir, "summary.json")) as f:
+    rerun = json.load(f)
+  assert rerun["final_eval"] == summary["final_eval"]
