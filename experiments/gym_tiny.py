@@ -70,9 +70,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.reward = ml_collections.ConfigDict(dict(name="reasoning_gym",
                                             options={}))
   # The bare problem is the prompt, and "<answer>" opens a no-CoT guess.
+  # Difficulty is the pass rate of the mode RL trains: step by step, asked
+  # with the cue (plain prompts get this model's direct answers).
   c.curate = _section(CurateConfig, hack_template="{question}",
                       hack_max_tokens=8, pass_max_tokens=48,
-                      max_pass_rate=0.9)
+                      pass_template="{prompt}" + COT_CUE, max_pass_rate=0.9)
   c.warmup = _section(WarmupConfig, template="{prompt}" + COT_CUE,
                       samples=8, max_new_tokens=48, keep="shortest")
   if arg == "micro":
@@ -89,7 +91,7 @@ def shrink_to_micro(c: ml_collections.ConfigDict) -> None:
   c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                  head_dim=16, mlp_dim=256)
   c.pipeline.update(vanilla_sft_steps=150, sft_problems=8,
-                    long_cot_sft_steps=2)
+                    long_cot_sft_steps=4, long_cot_warmup_steps=1)
   c.gym.update(size=6, eval_size=2)
   c.sft.update(batch_size=8, warmup_steps=1, learning_rate=3e-3)
   c.sampler.max_slots = 32

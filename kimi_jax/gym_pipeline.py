@@ -51,6 +51,11 @@ from kimi_jax.long2short import policies
 from kimi_jax.rewards import registry
 
 SECTIONS = ("pipeline", "gym", "curate", "warmup")
+WARMUP_SOURCES = ("clean", "curated")
+# Curation steps that judge difficulty for RL rather than data quality,
+# and the reasons they give for it (not, e.g., a prompt too long to run).
+DIFFICULTY_STEPS = ("easy_to_hack", "pass_rate")
+DIFFICULTY_REASONS = ("easy_to_hack", "trivial", "unsolved")
 SUMMARY_FILE = "summary.json"
 
 
@@ -71,6 +76,13 @@ class PipelineConfig:
     start of the main job: `long_cot_warmup_steps` up to
     `long_cot_learning_rate`, then down to a tenth of it.
   curate: False runs the same pipeline without curation.
+  warmup_from: which prompts the warm-up rows are sampled for. "curated":
+    the RL prompt set. "clean" (the default): every prompt that passed the
+    data-quality steps (format, dedup), including those the difficulty
+    steps (easy_to_hack, pass_rate) keep out of RL: report 2.2 builds its
+    warm-up set apart from the RL prompts, and the difficulty filters are
+    about what RL learns from (2.1), not about which worked solutions are
+    worth imitating.
   min_word_fraction: the tokenizer's word threshold (text_tokenizer).
   """
 
@@ -84,6 +96,7 @@ class PipelineConfig:
   long_cot_learning_rate: float = 5e-4
   long_cot_warmup_steps: int = 5
   curate: bool = True
+  warmup_from: str = "clean"
   min_word_fraction: float = 0.1
 
   def __post_init__(self):
@@ -94,6 +107,9 @@ class PipelineConfig:
       raise ValueError("pipeline.long_cot_sft_steps must be >= 0")
     if not 0 <= self.direct_fraction <= 1:
       raise ValueError("pipeline.direct_fraction must be in [0, 1]")
+    if self.warmup_from not in WARMUP_SOURCES:
+      raise ValueError(f"pipeline.warmup_from must be one of "
+                       f"{WARMUP_SOURCES}, got {self.warmup_from!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,6 +280,9 @@ def stage_warmup(config: ml_collections.ConfigDict, paths: Paths,
   source = paths.curated if pipe.curate else paths.train
   fields = tools_config.curate_config(config).fields()
   records = list(records_lib.load_prompt_source(source, fields))
+  if pipe.curate and pipe.warmup_from == "clean":
+    records += difficulty_rejected(paths.rejected)
+    source = f"{paths.curated} + {paths.rejected} ({DIFFICULTY_STEPS})"
   result = warmup.rejection_sample(records, cfg, policy=policy(),
                                    reward=tools_config.make_reward(config))
   if not result.rows:
@@ -274,6 +293,18 @@ def stage_warmup(config: ml_collections.ConfigDict, paths: Paths,
   report = dict(result.report(), input=source, output=paths.warmup)
   _write_json(paths.warmup_report, report)
   return report
+
+
+def difficulty_rejected(rejected_path: str) -> list[dict]:
+  """The rows curation kept out of RL for their difficulty alone."""
+  out = []
+  with open(rejected_path) as f:
+    for line in f:
+      entry = json.loads(line)
+      if (entry["step"] in DIFFICULTY_STEPS and
+          entry["reason"] in DIFFICULTY_REASONS):
+        out.append(entry["row"])
+  return out
 
 
 # ---- the two training runs ------------------------------------------------------

@@ -294,6 +294,27 @@ def test_pass_rate_and_bucket_from_known_answers(tmp_path):
   assert len(sampler.eligible(1)) == 2
 
 
+def test_pass_rate_asks_through_the_pass_template(tmp_path):
+  # A model that is right only when asked for steps: its pass rate is 0 on
+  # the plain prompt and 1 through a template with the cue.
+  rows, path = _gym(tmp_path)
+  answers = {r["prompt"]: r["answer"] for r in rows}
+
+  def answer_for(prompt, j):
+    plain = prompt.removesuffix(" STEPS")
+    return f"<answer>{answers[plain] if prompt != plain else 'x'}</answer>"
+
+  for template, rate in (("{prompt}", 0.0), ("{prompt} STEPS", 1.0)):
+    policy = TablePolicy(answer_for)
+    cfg = C.CurateConfig(easy_to_hack=False, pass_template=template)
+    result = C.curate(path, cfg, policy=policy, reward=ReasoningGymReward())
+    assert [r.added["pass_rate"] for r in result.kept] == [rate] * len(rows)
+    assert policy.calls[0]["prompts"] == [template.format(prompt=r["prompt"])
+                                          for r in rows]
+  with pytest.raises(ValueError, match="pass_template"):
+    C.CurateConfig(pass_template="no placeholder")
+
+
 def test_easy_to_hack_drops_what_a_constant_guesser_solves(tmp_path):
   rows = [{"prompt": "What is 6 times 7?", "answer": "42"},
           {"prompt": "What is 40 plus 2?", "answer": "42"},

@@ -153,9 +153,14 @@ def test_micro_pipeline_end_to_end_and_rerun_is_a_no_op(tmp_path):
   assert count(paths.curated) + count(paths.rejected) == count(paths.train)
   assert summary["curation"]["kept"] == count(paths.curated)
   assert summary["curation"]["accounted"] is True
-  # The warm-up rows are verified responses to curated prompts.
+  # The warm-up rows are verified responses to clean prompts: curated, or
+  # kept out of RL for their difficulty alone (pipeline.warmup_from).
   reward = registry.make_reward("reasoning_gym")
   curated = {json.loads(l)["id"]: json.loads(l) for l in open(paths.curated)}
+  by_difficulty = gym_pipeline.difficulty_rejected(paths.rejected)
+  assert all(json.loads(l)["step"] in ("dedup",) + gym_pipeline.
+             DIFFICULTY_STEPS for l in open(paths.rejected))
+  curated.update({r["id"]: r for r in by_difficulty})
   rows = [json.loads(l) for l in open(paths.warmup)]
   assert rows and len(rows) == summary["warmup"]["rows"]
   for row in rows:

@@ -94,6 +94,10 @@ class CurateConfig:
   hack_temperature: float = 1.0
   pass_rate: bool = True
   pass_samples: int = 10  # report 2.1: ten answers per prompt
+  # How the model is asked when its pass rate is measured: the prompt as RL
+  # poses it, or with a cue for a model whose plain-prompt answers are not
+  # the chain-of-thought mode RL trains (ours; must contain {prompt}).
+  pass_template: str = "{prompt}"
   pass_temperature: float = 1.0  # "relatively high" (ours: 1.0)
   pass_max_tokens: int = 256
   # Pass-rate edges between difficulty buckets, hardest last: a pass rate
@@ -125,6 +129,8 @@ class CurateConfig:
     if not 0 <= self.min_pass_rate <= self.max_pass_rate <= 1:
       raise ValueError("curate: need 0 <= min_pass_rate <= max_pass_rate "
                        "<= 1")
+    if "{prompt}" not in self.pass_template:
+      raise ValueError("curate.pass_template must contain {prompt}")
     if "{question}" not in self.hack_template:
       raise ValueError("curate.hack_template must contain {question}")
     tagging.make_tagger(self.tagger)
@@ -369,7 +375,8 @@ def difficulty_bucket(pass_rate: float, edges: Sequence[float]) -> int:
 
 def pass_rate_step(rows: Sequence[Row], cfg: CurateConfig, policy: Policy,
                    reward: RewardFn):
-  prompts = [r.record["prompt"] for r in rows]
+  prompts = [cfg.pass_template.format(prompt=r.record["prompt"])
+             for r in rows]
   rows, prompts, dropped = _fits(rows, policy, prompts, "pass_rate")
   counts = correct_counts(
       policy, reward, [r.record for r in rows], prompts, cfg.pass_samples,
