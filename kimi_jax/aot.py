@@ -15,6 +15,7 @@ topology's devices are only used to build meshes for lowering.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -134,6 +135,25 @@ _OOM = re.compile(r"Ran out of memory (?:in memory space hbm\. Used |on HBM, "
                   r"the total memory required for [^(]*\()([0-9.]+)([KMGT])")
 
 
+@contextlib.contextmanager
+def without_persistent_cache():
+  """JAX's persistent compilation cache off for the block: an executable
+  compiled for a TPU topology with no TPU client cannot be loaded back
+  (JAX warns on every lookup), so reading or writing the cache only costs."""
+  enabled = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", enabled)
+
+
+def compile_for_topology(fn: Callable, args: tuple):
+  """`fn.lower(*args).compile()` without the persistent cache."""
+  with without_persistent_cache():
+    return fn.lower(*args).compile()
+
+
 def compile_memory(fn: Callable, args: tuple) -> FunctionMemory:
   """Compiles jitted `fn` for abstract `args` (ShapeDtypeStructs with
   shardings; static arguments as their values) and returns the compiler's
@@ -142,7 +162,7 @@ def compile_memory(fn: Callable, args: tuple) -> FunctionMemory:
   Raises `CompileOutOfMemory` (with the bytes the compiler says it needed)
   when the TPU compiler rejects the program for exceeding HBM."""
   try:
-    compiled = fn.lower(*args).compile()
+    compiled = compile_for_topology(fn, args)
   except jax.errors.JaxRuntimeError as exc:
     found = _OOM.search(str(exc))
     if not found:

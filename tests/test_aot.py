@@ -40,7 +40,7 @@ def test_tiny_train_step_and_generate_compile_for_v5e_with_splash():
                             "sampler_prefill", "sampler_generate"}
   for name in ("rl_train_step_T48", "sampler_generate"):
     fn, args = functions[name]
-    compiled = fn.lower(*args).compile()
+    compiled = aot.compile_for_topology(fn, args)
     memory = compiled.memory_analysis()
     assert memory.argument_size_in_bytes > 0
     if name == "rl_train_step_T48":
