@@ -41,6 +41,7 @@ import ml_collections
 import numpy as np
 
 from kimi_jax.config import ConfigError, set_key
+from kimi_jax.files import write_json
 
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
@@ -211,12 +212,6 @@ def parse_ablation(config: ml_collections.ConfigDict) -> Ablation:
 RunFn = Callable[[ml_collections.ConfigDict, str], Any]
 
 
-def _write_json(path: str, data: Any) -> None:
-  with open(path + ".tmp", "w") as f:
-    json.dump(data, f, indent=2)
-  os.replace(path + ".tmp", path)
-
-
 def check_spec(ablation: Ablation, workdir: str) -> None:
   """Writes the ablation's spec into a new sweep directory, or checks that
   an existing sweep ran the same one (a changed config would mix results)."""
@@ -233,7 +228,7 @@ def check_spec(ablation: Ablation, workdir: str) -> None:
                         f"different ablation config (differs in {changed}); "
                         f"use a new --workdir")
     return
-  _write_json(path, spec)  # atomic: parallel sweeps write the same
+  write_json(path, spec)  # atomic: parallel sweeps write the same
 
 
 def seed_warm_start(source_workdir: str, target_workdir: str, step: int
@@ -327,7 +322,7 @@ def run_sweep(ablation: Ablation, workdir: str, seeds: int, *,
     log(f"[{i + 1}/{len(todo)}] {run.arm} {ablation.seed_key}={run.seed} "
         f"-> {run.workdir}")
     run_fn(config, run.workdir)
-    _write_json(os.path.join(run.workdir, TIMING),
+    write_json(os.path.join(run.workdir, TIMING),
                 {"seconds": time.perf_counter() - t0})
   return plan
 
@@ -530,7 +525,7 @@ def write_results(ablation: Ablation, workdir: str, plan: Sequence[Run]
   """`workdir/ablation.json` and `workdir/ablation.png`; returns the
   results."""
   results = aggregate(ablation, plan)
-  _write_json(os.path.join(workdir, RESULTS), results)
+  write_json(os.path.join(workdir, RESULTS), results)
   plot(results, os.path.join(workdir, FIGURE))
   return results
 

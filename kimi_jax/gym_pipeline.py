@@ -47,6 +47,7 @@ from kimi_jax.data import text_tokenizer, warmup
 from kimi_jax.data.gym_problems import GymConfig, problem_sets
 from kimi_jax.data.gym_solutions import solution
 from kimi_jax.experiment import parse_config
+from kimi_jax.files import write_json
 from kimi_jax.long2short import policies
 from kimi_jax.rewards import registry
 
@@ -324,12 +325,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
 
 
 def _write_json(path: str, value: Any) -> None:
-  if jax.process_index() != 0:
-    return
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    json.dump(value, f, indent=2)
-  os.replace(path + ".tmp", path)
+  if jax.process_index() == 0:
+    write_json(path, value)
 
 
 def _curation_summary(report: dict | None) -> dict:

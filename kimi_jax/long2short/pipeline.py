@@ -44,6 +44,7 @@ from kimi_jax import train_step as ts
 from kimi_jax.console import log, progress
 from kimi_jax.data import pointer_chase
 from kimi_jax.experiment import ExperimentConfig, parse_config
+from kimi_jax.files import write_json
 from kimi_jax.long2short import dpo, merge, policies, report, samples
 from kimi_jax.long2short import shortest
 from kimi_jax.long2short.config import (SECTIONS, Long2ShortConfig,
@@ -266,7 +267,7 @@ def stage_samples(ctx: Context, long: str) -> samples.Samples:
       n=l2s.samples_per_prompt, max_response_len=ctx.cfg.rl.max_response_len,
       settings=ctx.cfg.sampler.sampling, seed=ctx.cfg.seed + 2))
   if jax.process_index() == 0:
-    report.write_json(path, {
+    write_json(path, {
         "ids": [r["id"] for r in out.records], "prompts": out.prompts,
         "tokens": out.tokens, "lengths": out.lengths_PxN.tolist(),
         "correct": out.correct_PxN.tolist()})
@@ -419,7 +420,7 @@ def evaluate(ctx: Context, workdirs: dict[str, str]) -> dict[str, Any]:
       "seconds": dict(ctx.seconds),
   }
   if jax.process_index() == 0:
-    report.write_json(ctx.path(RESULT_FILE), result)
+    write_json(ctx.path(RESULT_FILE), result)
     report.plot_token_efficiency(methods, ctx.path(FIGURE_FILE))
   return result
 
@@ -459,7 +460,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   result = evaluate(ctx, workdirs)
   result["seconds"]["total"] = time.perf_counter() - t0
   if jax.process_index() == 0:
-    report.write_json(ctx.path(RESULT_FILE), result)
+    write_json(ctx.path(RESULT_FILE), result)
   t = result["targets"]
   log(f"long2short: long/shortest-solution tokens "
       f"{t['long_over_shortest_solution']:.2f}; best method {t['best_method']}"

@@ -23,6 +23,7 @@ from kimi_jax import checkpoint as ckpt_lib
 from kimi_jax import workdir as workdir_lib
 from kimi_jax.data.tasks import make_task
 from kimi_jax.experiment import ExperimentConfig, parse_config
+from kimi_jax.files import write_json
 from kimi_jax.job import rl_step
 from kimi_jax.model import transformer
 from kimi_jax.rl.loop_state import LoopState
@@ -86,8 +87,4 @@ def stage_done(workdir: str) -> dict | None:
 def mark_done(workdir: str, record: dict) -> None:
   if jax.process_index() != 0:
     return
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, STAGE_FILE)
-  with open(path + ".tmp", "w") as f:
-    json.dump(record, f, indent=2)
-  os.replace(path + ".tmp", path)
+  write_json(os.path.join(workdir, STAGE_FILE), record)

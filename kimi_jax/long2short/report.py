@@ -8,8 +8,6 @@ shortest correct draw, and the same by difficulty.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -84,12 +82,6 @@ def targets(methods: Mapping[str, Mapping[str, Any]],
       "methods_meeting": sorted(meeting),
       "met": ratio >= LONG_OVER_SHORTEST and bool(meeting),
   }
-
-
-def write_json(path: str, payload: Mapping[str, Any]) -> None:
-  with open(path + ".tmp", "w") as f:
-    json.dump(payload, f, indent=2)
-  os.replace(path + ".tmp", path)
 
 
 _LABELS = {"long": "long-CoT", "short_baseline": "short-only baseline",

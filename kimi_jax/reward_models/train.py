@@ -36,6 +36,7 @@ from kimi_jax.config import ConfigError, to_dataclass
 from kimi_jax.console import log
 from kimi_jax.data import tasks as tasks_lib
 from kimi_jax.experiment import ExperimentConfig, parse_config
+from kimi_jax.files import write_json
 from kimi_jax.model import transformer
 from kimi_jax.reward_models import (cot_model, cot_train, labelled, store,
                                     value_model, value_train)
@@ -173,9 +174,7 @@ def _items(examples: Sequence[labelled.LabelledExample]
 
 def _write_json(path: str, data: Any) -> None:
   if jax.process_index() == 0:
-    with open(path + ".tmp", "w") as f:
-      json.dump(data, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_json(path, data)
 
 
 class Trainer:
