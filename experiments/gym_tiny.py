@@ -15,12 +15,12 @@ The same run without curation: --config.pipeline.curate=False.
 `experiments/gym_tiny.py:micro` is a seconds-scale variant for tests.
 """
 
-import dataclasses
 import json
 
 import ml_collections
 
 from experiments import tiny
+from kimi_jax.config import from_dataclass
 from kimi_jax.data.curate import CurateConfig
 from kimi_jax.data.gym_problems import GymConfig
 from kimi_jax.data.warmup import WarmupConfig
@@ -34,10 +34,6 @@ GYM_OPTIONS = {
     "letter_counting": {"min_words": 2, "max_words": 3},
 }
 COT_CUE = "\nThink step by step."
-
-
-def _section(cls, **changes) -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dataclasses.asdict(cls(**changes)))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -62,21 +58,23 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
               eval_every=10, eval_samples=4)
   c.prompt_sampling.initial_success_field = "pass_rate"
 
-  c.pipeline = _section(PipelineConfig, cot_cue=COT_CUE,
-                        vanilla_sft_steps=600, long_cot_sft_steps=60)
-  c.gym = _section(GymConfig, datasets=",".join(GYM_OPTIONS), size=200,
-                   eval_size=50, options_json=json.dumps(GYM_OPTIONS),
-                   prompt_suffix="")
+  c.pipeline = from_dataclass(PipelineConfig, cot_cue=COT_CUE,
+                              vanilla_sft_steps=600, long_cot_sft_steps=60)
+  c.gym = from_dataclass(GymConfig, datasets=",".join(GYM_OPTIONS),
+                         size=200, eval_size=50,
+                         options_json=json.dumps(GYM_OPTIONS),
+                         prompt_suffix="")
   c.reward = ml_collections.ConfigDict(dict(name="reasoning_gym",
                                             options={}))
   # The bare problem is the prompt, and "<answer>" opens a no-CoT guess.
   # Difficulty is the pass rate of the mode RL trains: step by step, asked
   # with the cue (plain prompts get this model's direct answers).
-  c.curate = _section(CurateConfig, hack_template="{question}",
-                      hack_max_tokens=8, pass_max_tokens=48,
-                      pass_template="{prompt}" + COT_CUE, max_pass_rate=0.9)
-  c.warmup = _section(WarmupConfig, template="{prompt}" + COT_CUE,
-                      samples=8, max_new_tokens=48, keep="shortest")
+  c.curate = from_dataclass(CurateConfig, hack_template="{question}",
+                            hack_max_tokens=8, pass_max_tokens=48,
+                            pass_template="{prompt}" + COT_CUE,
+                            max_pass_rate=0.9)
+  c.warmup = from_dataclass(WarmupConfig, template="{prompt}" + COT_CUE,
+                            samples=8, max_new_tokens=48, keep="shortest")
   if arg == "micro":
     shrink_to_micro(c)
   elif arg:

@@ -231,3 +231,10 @@ def to_dataclass(cls, section: ml_collections.ConfigDict | Mapping[str, Any],
     msg = str(exc)
     raise ConfigError(msg if f"{prefix}." in msg else
                       f"config.{prefix}: {msg}") from exc
+
+
+def from_dataclass(cls, **changes) -> ml_collections.ConfigDict:
+  """A config section holding `cls`'s defaults with `changes` (validated by
+  constructing `cls`): the inverse of `to_dataclass`, for experiment files
+  whose sections are typed configs of the library."""
+  return ml_collections.ConfigDict(dataclasses.asdict(cls(**changes)))

@@ -106,11 +106,7 @@ class Job:
 
 def build(cfg: ExperimentConfig, workdir: str) -> Job:
   sharder = Sharder(make_mesh(cfg.mesh), cfg.rules)
-  hf_tokenizer = None
-  if tasks_lib.tokenizer_dir(cfg.init_from_hf, cfg.task):
-    from kimi_jax.model import tokenizer as tok_lib
-    hf_tokenizer = tok_lib.load_hf_tokenizer(
-        tasks_lib.tokenizer_dir(cfg.init_from_hf, cfg.task))
+  hf_tokenizer = tasks_lib.hf_tokenizer(cfg.init_from_hf, cfg.task)
   # Every data file is read and checked before anything starts (the
   # reward's worker processes, the weights): the SFT set here, the prompt
   # sets in make_task before its reward.

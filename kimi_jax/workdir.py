@@ -37,11 +37,9 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 def tokenizer(cfg: ExperimentConfig) -> Any:
   """The tokenizer the run trained with: Hugging Face's when it started from
   a Hugging Face directory, else the task's own."""
-  from kimi_jax.data.tasks import make_task, tokenizer_dir
-  if tokenizer_dir(cfg.init_from_hf, cfg.task):
-    from kimi_jax.model.tokenizer import load_hf_tokenizer
-    return load_hf_tokenizer(tokenizer_dir(cfg.init_from_hf, cfg.task))
-  return make_task(cfg.task, cfg.seed).tokenizer
+  from kimi_jax.data.tasks import hf_tokenizer, make_task
+  tok = hf_tokenizer(cfg.init_from_hf, cfg.task)
+  return make_task(cfg.task, cfg.seed).tokenizer if tok is None else tok
 
 
 def restore_params(workdir: str, cfg: ExperimentConfig, shardings: Any,

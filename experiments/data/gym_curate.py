@@ -22,11 +22,11 @@ backwards, which a tiny model can learn, plus syllogisms, which ask for
 Yes/No and show the true/false filter at work on real generator output.
 """
 
-import dataclasses
 import json
 
 import ml_collections
 
+from kimi_jax.config import from_dataclass
 from kimi_jax.data.curate import CurateConfig
 from kimi_jax.data.gym_problems import GymConfig
 from kimi_jax.data.warmup import WarmupConfig
@@ -41,13 +41,9 @@ GYM_OPTIONS = {
 }
 
 
-def _section(cls, **changes) -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dataclasses.asdict(cls(**changes)))
-
-
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.gym = _section(GymConfig, datasets=",".join(
+  c.gym = from_dataclass(GymConfig, datasets=",".join(
       list(GYM_OPTIONS) + ["syllogism"]), size=200, eval_size=50,
       options_json=json.dumps(GYM_OPTIONS))
   c.policy = ml_collections.ConfigDict(dict(
@@ -55,9 +51,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.reward = ml_collections.ConfigDict(dict(name="reasoning_gym",
                                             options={}))
   # Steps and their settings: kimi_jax/data/curate.py (report 2.1).
-  c.curate = _section(CurateConfig)
+  c.curate = from_dataclass(CurateConfig)
   # Rejection sampling: kimi_jax/data/warmup.py (report 2.2).
-  c.warmup = _section(WarmupConfig, max_new_tokens=384)
+  c.warmup = from_dataclass(WarmupConfig, max_new_tokens=384)
   if arg == "cpu_test":
     c.gym.size = 12
     c.gym.eval_size = 4

@@ -146,11 +146,8 @@ def load_policy(*, workdir: str = "", config: Any = None,
   sampler_cfg = to_dataclass(SamplerConfig, config.sampler, "sampler")
   engine = Engine(model, sampler_cfg.engine, sharder=sharder)
   hf_dir = str(config.init_from_hf)
-  tok_dir = tasks.tokenizer_dir(hf_dir, config.task)
-  if tok_dir:
-    from kimi_jax.model.tokenizer import load_hf_tokenizer
-    tok = load_hf_tokenizer(tok_dir)
-  else:
+  tok = tasks.hf_tokenizer(hf_dir, config.task)
+  if tok is None:
     tok = tasks.make_task(tasks.task_config(config.task),
                           int(config.seed)).tokenizer
   if workdir:

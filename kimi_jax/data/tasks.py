@@ -73,6 +73,16 @@ def tokenizer_dir(init_from_hf: str, task: TaskConfig) -> str:
   return init_from_hf or getattr(task, "tokenizer", "")
 
 
+def hf_tokenizer(init_from_hf: str, task: TaskConfig) -> Any:
+  """The Hugging Face tokenizer the run uses (see `tokenizer_dir`); None
+  for a task with a tokenizer of its own."""
+  path = tokenizer_dir(init_from_hf, task)
+  if not path:
+    return None
+  from kimi_jax.model.tokenizer import load_hf_tokenizer
+  return load_hf_tokenizer(path)
+
+
 def task_config(section: Mapping[str, Any]) -> TaskConfig:
   """The typed `config.task` section of the task it names."""
   from kimi_jax.config import ConfigError, to_dataclass
