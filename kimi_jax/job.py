@@ -381,8 +381,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         f"(stage {host['stage']})")
     if jax.process_index() == 0:
       it = int(host["loop"]["iteration"]) if host["stage"] == "rl" else 0
-      # The final evaluation (at step rl.iterations) is run again.
-      last_eval = it if it < cfg.rl.iterations else it - 1
+      # The final evaluation (at step rl.iterations) is run again, except
+      # in an SFT-only run, whose final one is the warm start's (kept).
+      last_eval = (it if it < cfg.rl.iterations or cfg.rl.iterations == 0
+                   else it - 1)
       limits = ({"data": 0, "sft": cfg.sft.steps, "eval": last_eval,
                  "rl": it}
                 if host["stage"] == "rl" else

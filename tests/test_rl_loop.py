@@ -15,6 +15,7 @@ import pytest
 from kimi_jax.config import ConfigError, load_config
 from kimi_jax import checkpoint as ckpt_lib
 from kimi_jax import job as job_lib
+from kimi_jax import metrics as metrics_lib
 from kimi_jax.experiment import parse_config
 from kimi_jax import train_step as ts
 
@@ -166,6 +167,24 @@ def test_micro_run_writes_metrics_plots_and_bounded_compiles(tmp_path):
   assert results[0].tokens == results[1].tokens  # greedy: seed-independent
   assert all(r.finish_reason in ("stop", "length", "repeat") and r.tokens
              for r in results)
+
+
+@pytest.mark.slow
+def test_sft_only_run_keeps_its_evaluation_when_rerun(tmp_path):
+  # rl.iterations=0: the warm-start evaluation is the final one; a rerun
+  # finds the run finished and must not drop that row from the metrics.
+  workdir = str(tmp_path / "w")
+  config = micro(**{"rl.iterations": 0, "sft.steps": 5})
+  first = job_lib.train_and_evaluate(config, workdir)
+  assert first["final_eval"] == first["warmstart_eval"]
+  assert first["iterations"] == 0
+  again = job_lib.train_and_evaluate(
+      micro(**{"rl.iterations": 0, "sft.steps": 5}), workdir)
+  assert again["final_eval"] == first["final_eval"]
+  evals = [r for r in metrics_lib.read_jsonl(
+      os.path.join(workdir, "metrics.jsonl")) if r["stage"] == "eval"]
+  assert [r["step"] for r in evals] == [0]
+  assert evals[0]["pass_at_1"] == first["final_eval"]["pass_at_1"]
 
 
 def test_train_step_skips_non_finite_update():
