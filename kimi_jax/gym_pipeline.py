@@ -49,7 +49,7 @@ from kimi_jax.data.gym_solutions import solution
 from kimi_jax.experiment import parse_config
 from kimi_jax.files import write_json
 from kimi_jax.long2short import policies
-from kimi_jax.rewards import registry
+from kimi_jax.rewards.base import RewardFn
 
 SECTIONS = ("pipeline", "gym", "curate", "warmup")
 WARMUP_SOURCES = ("clean", "curated")
@@ -113,23 +113,27 @@ class PipelineConfig:
                        f"{WARMUP_SOURCES}, got {self.warmup_from!r}")
 
 
+# What each stage reads and writes, relative to the workdir.
+FILES = {"train": "data/train.jsonl", "eval": "data/eval.jsonl",
+         "sft": "data/vanilla_sft.jsonl", "tokenizer": "tokenizer",
+         "curated": "data/curated.jsonl",
+         "rejected": "data/curated.rejected.jsonl",
+         "curation": "data/curation.json",
+         "warmup": "data/warmup.jsonl",
+         "warmup_report": "data/warmup.json",
+         "data_done": "data/problems.json",
+         "vanilla": "vanilla", "rl": "rl"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Paths:
+  """`Paths(W).train` etc.: the absolute paths of FILES under W."""
   workdir: str
 
   def __getattr__(self, name: str) -> str:
-    files = {"train": "data/train.jsonl", "eval": "data/eval.jsonl",
-             "sft": "data/vanilla_sft.jsonl", "tokenizer": "tokenizer",
-             "curated": "data/curated.jsonl",
-             "rejected": "data/curated.rejected.jsonl",
-             "curation": "data/curation.json",
-             "warmup": "data/warmup.jsonl",
-             "warmup_report": "data/warmup.json",
-             "data_done": "data/problems.json",
-             "vanilla": "vanilla", "rl": "rl"}
-    if name not in files:
+    if name not in FILES:
       raise AttributeError(name)
-    return os.path.join(self.workdir, files[name])
+    return os.path.join(self.workdir, FILES[name])
 
 
 def is_pipeline(config: ml_collections.ConfigDict) -> bool:
@@ -253,7 +257,7 @@ def _policy(paths: Paths):
 
 
 def stage_curate(config: ml_collections.ConfigDict, paths: Paths,
-                 policy: Callable[[], Any]) -> dict | None:
+                 policy: Callable[[], Any], reward: RewardFn) -> dict | None:
   if not pipeline_config(config).curate:
     return None
   if os.path.exists(paths.curation):
@@ -263,7 +267,7 @@ def stage_curate(config: ml_collections.ConfigDict, paths: Paths,
   cfg = tools_config.curate_config(config)
   held = list(records_lib.load_prompt_source(paths.eval, cfg.fields()))
   result = curate_lib.curate(paths.train, cfg, policy=policy(),
-                             reward=tools_config.make_reward(config),
+                             reward=reward,
                              held_out=held)
   # The report is written last: its presence marks the stage finished.
   return curate_lib.write_outputs(result, paths.curated, paths.rejected,
@@ -271,7 +275,7 @@ def stage_curate(config: ml_collections.ConfigDict, paths: Paths,
 
 
 def stage_warmup(config: ml_collections.ConfigDict, paths: Paths,
-                 policy: Callable[[], Any]) -> dict:
+                 policy: Callable[[], Any], reward: RewardFn) -> dict:
   if os.path.exists(paths.warmup_report):
     with open(paths.warmup_report) as f:
       return json.load(f)
@@ -285,7 +289,7 @@ def stage_warmup(config: ml_collections.ConfigDict, paths: Paths,
     records += difficulty_rejected(paths.rejected)
     source = f"{paths.curated} + {paths.rejected} ({DIFFICULTY_STEPS})"
   result = warmup.rejection_sample(records, cfg, policy=policy(),
-                                   reward=tools_config.make_reward(config))
+                                   reward=reward)
   if not result.rows:
     raise ConfigError("warm-up: no verified response to train on; see "
                       "the acceptance rates (more vanilla_sft_steps, or "
@@ -348,7 +352,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Every stage (finished ones skipped); returns W/summary.json's content."""
   t0 = time.perf_counter()
   check(config)
-  registry.make_reward(str(config.reward.name))  # fails early, names it
+  from kimi_jax.data import tools_config
+  # Built before any stage: a bad reward section fails in seconds.
+  reward = tools_config.make_reward(config)
   paths = Paths(workdir)
   os.makedirs(workdir, exist_ok=True)
   seconds: dict[str, float] = {}
@@ -371,11 +377,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       cache["policy"] = _policy(paths)
     return cache["policy"]
 
-  curation = timed("curate", lambda: stage_curate(config, paths, policy))
+  curation = timed("curate", lambda: stage_curate(config, paths, policy,
+                                                     reward))
   if curation is not None:
     log(f"gym pipeline: curation kept {curation['kept']} of "
         f"{curation['rows']} ({curation['dropped_by_reason']})")
-  warm = timed("warmup", lambda: stage_warmup(config, paths, policy))
+  warm = timed("warmup", lambda: stage_warmup(config, paths, policy, reward))
   log(f"gym pipeline: warm-up accepted {warm['correct']} of "
       f"{warm['responses']} responses, {warm['rows']} rows")
   cache.clear()

@@ -42,7 +42,8 @@ DRIVER_FAIL_PREFIX = "kimi-sandbox:"
 # before throwing. libstdc++'s own "terminate called after throwing
 # std::bad_alloc" can be lost when several threads run out at once (the
 # second prints only "terminate called recursively" and aborts the process).
-OOM_HOOK_DIR = "/.kimi"
+OOM_HOOK_DIR = "/.kimi"  # inside the sandbox; `root`/HOOK_SUBDIR on the host
+HOOK_SUBDIR = "hook"
 OOM_HOOK_OBJECT = "oom_hook.o"
 _OOM_HOOK_SOURCE = r"""
 #include <new>
@@ -147,8 +148,8 @@ def prepare_etc(root: str) -> str:
 
 def build_oom_hook(root: str, gxx: str) -> str:
   """Compiles the C++ out-of-memory hook once per Sandbox, on the host (our
-  own fixed source), into `root`/hook; returns that directory."""
-  hook_dir = os.path.join(root, "hook")
+  own fixed source), into `root`/HOOK_SUBDIR; returns that directory."""
+  hook_dir = os.path.join(root, HOOK_SUBDIR)
   os.makedirs(hook_dir, exist_ok=True)
   source = os.path.join(hook_dir, "oom_hook.cpp")
   with open(source, "w") as f:
@@ -192,7 +193,7 @@ def bwrap_prefix(tc: Toolchain, root: str, host_uid: int) -> tuple[str, ...]:
     elif os.path.isdir(f"/{name}"):
       args += ["--ro-bind", f"/{name}", f"/{name}"]
   args += ["--ro-bind", etc_dir, "/etc", "--proc", "/proc", "--dev", "/dev"]
-  hook_dir = os.path.join(root, "hook")
+  hook_dir = os.path.join(root, HOOK_SUBDIR)
   if os.path.isdir(hook_dir):
     args += ["--ro-bind", hook_dir, OOM_HOOK_DIR]
   args += ["--clearenv"]
