@@ -140,12 +140,17 @@ def without_persistent_cache():
   """JAX's persistent compilation cache off for the block: an executable
   compiled for a TPU topology with no TPU client cannot be loaded back
   (JAX warns on every lookup), so reading or writing the cache only costs."""
+  from jax.experimental.compilation_cache import compilation_cache
   enabled = jax.config.jax_enable_compilation_cache
+  # JAX decides once per process whether the cache is used; reset_cache
+  # makes it read the flag again, here and after the block.
   jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
   try:
     yield
   finally:
     jax.config.update("jax_enable_compilation_cache", enabled)
+    compilation_cache.reset_cache()
 
 
 def compile_for_topology(fn: Callable, args: tuple):
