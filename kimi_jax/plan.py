@@ -312,15 +312,21 @@ def main_job_functions(config: Any, sharder: Sharder
     (the engine's).
   The learner and the engine are built exactly as the job builds them.
   """
-  from kimi_jax.experiment import parse_config
+  from kimi_jax.config import to_dataclass
+  from kimi_jax.experiment import model_config
+  from kimi_jax.rl.config import RLConfig
   from kimi_jax.rl.learner import Learner
+  from kimi_jax.sampler.config import SamplerConfig
   from kimi_jax.sampler.engine import Engine
-  cfg = parse_config(config)
-  learner = Learner(cfg.model, cfg.rl, sharder,
-                    cache_len=cfg.sampler.cache_len)
-  engine = Engine(cfg.model, cfg.sampler.engine, sharder=sharder)
+  # Only the sections that shape the programs: a slice is checked before
+  # the data paths (task, sft) are chosen.
+  model = model_config(config)
+  rl = to_dataclass(RLConfig, config.rl, "rl")
+  sampler = to_dataclass(SamplerConfig, config.sampler, "sampler")
+  learner = Learner(model, rl, sharder, cache_len=sampler.cache_len)
+  engine = Engine(model, sampler.engine, sharder=sharder)
   return {**learner.aot_functions(),
-          **engine.aot_functions(cfg.sampler.steps_per_call)}
+          **engine.aot_functions(sampler.steps_per_call)}
 
 
 def aot_report(config: Any, topology: str) -> dict[str, Any]:

@@ -66,3 +66,28 @@ def test_a_program_over_hbm_is_reported_with_the_compilers_figure():
   entry = aot.out_of_memory_json(info.value)
   assert entry["fits"] is False and entry["total_bytes"] == (
       info.value.used_bytes)
+
+
+@pytest.mark.parametrize("name,topology", [
+    ("qwen2_5_1_5b.py", "v5p:4x4x4"), ("qwen2_5_1_5b.py", "v5e:16x16"),
+    ("qwen2_5_7b.py", "v5p:4x4x4"), ("qwen2_5_7b.py", "v5e:16x16"),
+    ("qwen2_5_7b.py:128k", "v5p:4x4x8"),
+    ("qwen2_5_32b.py", "v5p:4x8x8"), ("qwen2_5_32b.py", "v5e:16x16")])
+def test_every_qwen_experiment_builds_its_aot_programs_as_documented(
+    name, topology):
+  # The documented check runs on the experiment as shipped, before any data
+  # path is chosen (the task's paths are empty): building the programs must
+  # not need them. Lowering and compiling are the slow test's business.
+  devices = aot.topology_devices(topology)
+  config = load_config(os.path.join(ROOT, "experiments", name), [])
+  sharder = Sharder(make_mesh(to_dataclass(MeshConfig, config.mesh, "mesh"),
+                              devices),
+                    rules_from_config(config.sharding.rules))
+  functions = plan.main_job_functions(config, sharder)
+  buckets = config.rl.train_len_buckets or (config.model.max_seq_len,)
+  longest = max(buckets)
+  assert set(functions) == (
+      {f"rl_train_step_T{b}" for b in buckets} |
+      {f"reference_logprobs_T{longest}", "sampler_prefill",
+       "sampler_generate"})
+  assert longest == config.model.max_seq_len
