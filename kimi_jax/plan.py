@@ -278,7 +278,8 @@ def plan_for_config(config: Any, mesh: Mapping[str, int],
   mesh_cfg = to_dataclass(MeshConfig, sizes, "mesh")
   if -1 in sizes.values():
     if num_devices is None:
-      raise ValueError(f"mesh {sizes} has a -1 axis: give the device count")
+      raise ValueError(f"mesh {sizes} has a -1 axis: give the device count "
+                       f"(--num_devices, the chips of the slice)")
     sizes = mesh_cfg.resolve(num_devices)
   elif num_devices is not None:
     sizes = mesh_cfg.resolve(num_devices)  # checks the product

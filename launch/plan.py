@@ -39,23 +39,31 @@ _JSON = flags.DEFINE_string("json", "", "write the report here")
 
 def main(argv):
   del argv
+  # Before any backend starts: nothing here runs on an accelerator (the
+  # analytic plan uses abstract devices; with --aot the TPU runtime only
+  # compiles), so no TPU runtime is started on a host that has one.
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
   if _AOT.value:
-    # Before any backend starts: the TPU runtime only compiles; the CPU stays
-    # the backend of everything that runs.
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from kimi_jax import aot
     aot.prepare_environment(_AOT.value)
   from kimi_jax import aot, plan
-  config_name = flags.FLAGS["config"].serialize()
+  from ml_collections import config_flags
+  config_name = config_flags.get_config_filename(flags.FLAGS["config"])
+  overrides = sorted(f"{k}={v!r}" for k, v in
+                     config_flags.get_override_values(flags.FLAGS["config"]).items())
   if _AOT.value:
     report = plan.aot_report(_CONFIG.value, _AOT.value)
     print(aot.format_report(report))
-    out = dict(report, config=config_name)
+    out = dict(report, config=config_name, overrides=overrides)
   else:
-    memory = plan.plan_for_config(_CONFIG.value, plan.parse_mesh(_MESH.value),
-                                  _NUM_DEVICES.value)
+    try:
+      memory = plan.plan_for_config(_CONFIG.value,
+                                    plan.parse_mesh(_MESH.value),
+                                    _NUM_DEVICES.value)
+    except ValueError as exc:
+      sys.exit(f"plan: {exc}")
     print(plan.format_table(memory, _MEMORY_GB.value))
-    out = dict(memory.to_json(), config=config_name,
+    out = dict(memory.to_json(), config=config_name, overrides=overrides,
                device_memory_gb=_MEMORY_GB.value)
   if _JSON.value:
     with open(_JSON.value, "w") as f:

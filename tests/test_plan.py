@@ -151,6 +151,9 @@ def test_launch_warns_and_writes_json(tmp_path):
                                   dict(data=2, fsdp=2, tensor=2))
   assert written["total"] == expected.total
   assert written["mesh"] == dict(data=2, fsdp=2, context=1, tensor=2)
+  # The report names the experiment and its overrides as a user writes them.
+  assert written["config"] == TINY
+  assert written["overrides"] == ["sampler.max_slots=64"]
   text = _launch("--config", TINY, "--mesh", "data=2,fsdp=2,tensor=2",
                  "--device_memory_gb", "16")
   assert "WARNING" not in text
@@ -190,3 +193,13 @@ def test_activation_estimate_tracks_the_compiler(attention):
   # versions than others; the bounds hold across the versions we test.)
   print(f"estimate {estimate} xla {xla_bytes} ratio {estimate / xla_bytes:.2f}")
   assert 0.95 * xla_bytes <= estimate <= 1.6 * xla_bytes
+
+
+def test_launch_names_the_missing_device_count():
+  # tiny.py's data axis is -1: the analytic plan needs the slice's size.
+  out = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--config",
+       TINY], capture_output=True, text=True,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 1
+  assert "--num_devices" in out.stderr and "Traceback" not in out.stderr
