@@ -9,6 +9,8 @@ from __future__ import annotations
 import flax.struct
 import numpy as np
 
+from kimi_jax.vision.merge import RowImages
+
 
 @flax.struct.dataclass
 class TokenRows:
@@ -26,6 +28,9 @@ class TokenRows:
   positions_RxT: np.ndarray
   segment_ids_RxT: np.ndarray
   mask_RxT: np.ndarray
+  # A vision model's rows: each row's images in `vision.max_images` slots
+  # (kimi_jax/vision/merge.py). None for text rows.
+  images: RowImages | None = None
 
   @property
   def shape(self) -> tuple[int, int]:

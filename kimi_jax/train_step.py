@@ -256,9 +256,7 @@ def cross_entropy_loss(params, rows: TokenRows, *, cfg: ModelConfig,
   """Masked next-token cross-entropy: sum(mask * -log p(target)) / sum(mask)
   over packed rows (`TokenRows`); log-probs in chunks of the sequence
   (`kimi_jax.model.logprobs`), never the whole R x T x V logits."""
-  logp_RxT = logprobs.token_logprobs(
-      params, rows.tokens_RxT, rows.positions_RxT, rows.segment_ids_RxT,
-      rows.targets_RxT, cfg=cfg, sharder=sharder)
+  logp_RxT = logprobs.rows_logprobs(params, rows, cfg=cfg, sharder=sharder)
   mask_RxT = rows.mask_RxT.astype(jnp.float32)
   n_tokens = jnp.maximum(mask_RxT.sum(), 1.0)
   loss = -(logp_RxT * mask_RxT).sum() / n_tokens

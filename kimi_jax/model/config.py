@@ -7,6 +7,8 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from kimi_jax.vision.config import VisionConfig
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
            "float16": jnp.float16}
 
@@ -45,8 +47,25 @@ class ModelConfig:
   # Log-probs of targets are computed this many positions at a time
   # (kimi_jax/model/logprobs.py), so B x T x V logits never exist at once.
   logprob_chunk: int = 1024
+  # A vision tower and projector (kimi_jax/vision): images enter token rows
+  # at `vision.image_token_id` placeholders. None: a text-only model. A
+  # config section (mapping) is typed here; `lm_d_model` defaults to
+  # `d_model`.
+  vision: VisionConfig | None = None
 
   def __post_init__(self):
+    if self.vision is not None and not isinstance(self.vision, VisionConfig):
+      section = dict(self.vision.items())
+      section.setdefault("lm_d_model", self.d_model)
+      object.__setattr__(self, "vision", VisionConfig.from_mapping(section))
+    if self.vision is not None:
+      if self.vision.lm_d_model != self.d_model:
+        raise ValueError(f"model.vision.lm_d_model ({self.vision.lm_d_model})"
+                         f" must equal model.d_model ({self.d_model})")
+      if self.vision.image_token_id >= self.vocab_size:
+        raise ValueError(f"model.vision.image_token_id "
+                         f"({self.vision.image_token_id}) is not a token id "
+                         f"below model.vocab_size ({self.vocab_size})")
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
                  "head_dim", "mlp_dim", "max_seq_len"):
       if getattr(self, name) <= 0:

@@ -24,6 +24,8 @@ import jax.numpy as jnp
 from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sharding import Sharder, constrain
+from kimi_jax.token_rows import TokenRows
+from kimi_jax.vision.merge import RowImages
 
 
 def _context_shards(sharder: Sharder | None, T: int) -> int:
@@ -32,6 +34,14 @@ def _context_shards(sharder: Sharder | None, T: int) -> int:
   axes = sharder.rule_map.get("act_length", ())
   n = sharder.axis_size(axes) if axes else 1
   return n if T % n == 0 else 1
+
+
+def rows_logprobs(params, rows: TokenRows, *, cfg: ModelConfig,
+                  sharder: Sharder | None = None) -> jax.Array:
+  """`token_logprobs` of packed `TokenRows` (their images included)."""
+  return token_logprobs(params, rows.tokens_RxT, rows.positions_RxT,
+                        rows.segment_ids_RxT, rows.targets_RxT, cfg=cfg,
+                        sharder=sharder, images=rows.images)
 
 
 def hidden_logprobs(params, x_BxTxD: jax.Array, targets_BxT: jax.Array, *,
@@ -70,10 +80,11 @@ def hidden_logprobs(params, x_BxTxD: jax.Array, targets_BxT: jax.Array, *,
 
 def token_logprobs(params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
                    segment_ids_BxT: jax.Array, targets_BxT: jax.Array, *,
-                   cfg: ModelConfig, sharder: Sharder | None = None
-                   ) -> jax.Array:
+                   cfg: ModelConfig, sharder: Sharder | None = None,
+                   images: RowImages | None = None) -> jax.Array:
   """log p(targets_BxT | packed rows): the model's forward, then the chunked
   head (float32, B x T). Same values as log_softmax of the full logits."""
   x, _ = transformer.hidden_states(params, tokens_BxT, positions_BxT,
-                                   segment_ids_BxT, cfg=cfg, sharder=sharder)
+                                   segment_ids_BxT, cfg=cfg, sharder=sharder,
+                                   images=images)
   return hidden_logprobs(params, x, targets_BxT, cfg=cfg, sharder=sharder)

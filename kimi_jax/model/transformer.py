@@ -21,6 +21,7 @@ from kimi_jax.model import attention
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.model.projection import project
 from kimi_jax.sharding import Sharder, constrain, tree_param_shardings
+from kimi_jax.vision import merge, projector, tower
 
 Params = dict[str, Any]
 
@@ -62,11 +63,22 @@ def param_logical_axes(cfg: ModelConfig) -> Params:
             "final_norm": ("norm",)}
   if not cfg.tie_embeddings:
     params["lm_head"] = ("embed", "vocab")
+  if cfg.vision is not None:
+    params["vision"] = tower.param_logical_axes(cfg.vision)
+    params["projector"] = projector.param_logical_axes(cfg.vision)
   return params
 
 
 def param_shapes(cfg: ModelConfig) -> Params:
   """Shape of every parameter, same tree as the params."""
+  params = _text_param_shapes(cfg)
+  if cfg.vision is not None:
+    params["vision"] = tower.param_shapes(cfg.vision)
+    params["projector"] = projector.param_shapes(cfg.vision)
+  return params
+
+
+def _text_param_shapes(cfg: ModelConfig) -> Params:
   L, D, H, K, Dh, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads,
                           cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim,
                           cfg.vocab_size)
@@ -85,8 +97,21 @@ def param_shapes(cfg: ModelConfig) -> Params:
 
 def init_params(cfg: ModelConfig, rng: jax.Array, std: float = 0.02
                 ) -> Params:
-  """Random init: normal(std) matrices, unit norms, zero biases."""
-  shapes = param_shapes(cfg)
+  """Random init: normal(std) matrices, unit norms, zero biases. The
+  language model's draws do not depend on whether a vision tower is there;
+  the tower and projector draw from keys folded from `rng`."""
+  params = _init_text_params(cfg, rng, std)
+  if cfg.vision is not None:
+    params["vision"] = tower.init_params(cfg.vision,
+                                         jax.random.fold_in(rng, 1), std)
+    params["projector"] = projector.init_params(
+        cfg.vision, jax.random.fold_in(rng, 2), std)
+  return params
+
+
+def _init_text_params(cfg: ModelConfig, rng: jax.Array, std: float
+                      ) -> Params:
+  shapes = _text_param_shapes(cfg)
   flat, treedef = jax.tree_util.tree_flatten_with_path(
       shapes, is_leaf=lambda x: isinstance(x, tuple))
   keys = jax.random.split(rng, len(flat))
@@ -237,10 +262,33 @@ def _cached_mask(lengths_B: jax.Array, T: int, S: int) -> jax.Array:
   return jnp.arange(S)[None, None, :] <= q_idx_BxT[:, :, None]
 
 
+def embed_inputs(params: Params, tokens_BxT: jax.Array, *, cfg: ModelConfig,
+                 images: merge.RowImages | None = None,
+                 sharder: Sharder | None = None) -> jax.Array:
+  """Input embeddings x_BxTxD: the token embeddings, and with `images` (a
+  model with a vision tower) each image's embeddings at its placeholders."""
+  dt = cfg.compute_jnp_dtype
+  x = jnp.take(params["embed"], tokens_BxT, axis=0).astype(dt)
+  if images is not None:
+    if cfg.vision is None:
+      raise ValueError("images given to a model without model.vision")
+    v = cfg.vision
+    B, I = images.mask_BxI.shape
+    pixels = images.pixels_BxIxHxWxC
+    flat_NxHxWxC = pixels.reshape((B * I,) + pixels.shape[2:])
+    emb = projector.embed_images(params["vision"], params["projector"],
+                                 flat_NxHxWxC, v, sharder=sharder)
+    x = merge.merge_image_embeddings(
+        x, tokens_BxT, emb.reshape(B, I, v.tokens_per_image, -1),
+        images.mask_BxI, v.image_token_id)
+  return constrain(sharder, x, ("batch", "act_length", "act_embed"))
+
+
 def hidden_states(params: Params, tokens_BxT: jax.Array,
                   positions_BxT: jax.Array, segment_ids_BxT: jax.Array, *,
                   cfg: ModelConfig, cache: KVCache | None = None,
-                  prefill: bool = False, sharder: Sharder | None = None
+                  prefill: bool = False, sharder: Sharder | None = None,
+                  images: merge.RowImages | None = None
                   ) -> tuple[jax.Array, KVCache | None]:
   """The final-norm hidden states x_BxTxD, and the updated cache.
 
@@ -252,11 +300,11 @@ def hidden_states(params: Params, tokens_BxT: jax.Array,
   `lengths` grows by the number of real tokens. `prefill=True` promises the
   cache is empty (lengths 0): the new tokens then attend only to each other
   with `cfg.attention` too, so a long prefill does not build T x S either.
+  images: the rows' images (see `embed_inputs`); None for text only.
   """
-  dt = cfg.compute_jnp_dtype
   B, T = tokens_BxT.shape
-  x = jnp.take(params["embed"], tokens_BxT, axis=0).astype(dt)
-  x = constrain(sharder, x, ("batch", "act_length", "act_embed"))
+  x = embed_inputs(params, tokens_BxT, cfg=cfg, images=images,
+                   sharder=sharder)
   if cache is None:
     mask = write_idx = xs_cache = None
   else:
@@ -296,14 +344,15 @@ def unembed(params: Params, x_BxTxD: jax.Array, *, cfg: ModelConfig,
 def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
             segment_ids_BxT: jax.Array, *, cfg: ModelConfig,
             cache: KVCache | None = None, prefill: bool = False,
-            sharder: Sharder | None = None
+            sharder: Sharder | None = None,
+            images: merge.RowImages | None = None
             ) -> tuple[jax.Array, KVCache | None]:
   """Logits_BxTxV (float32) of every position, and the updated cache (see
   `hidden_states`). For log-probs of targets over long rows use
   `kimi_jax.model.logprobs`, which never holds B x T x V."""
   x, cache = hidden_states(params, tokens_BxT, positions_BxT, segment_ids_BxT,
                            cfg=cfg, cache=cache, prefill=prefill,
-                           sharder=sharder)
+                           sharder=sharder, images=images)
   return unembed(params, x, cfg=cfg, sharder=sharder), cache
 
 

@@ -23,9 +23,7 @@ from kimi_jax.token_rows import TokenRows
 def token_logp_RxT(params, rows: TokenRows, *, cfg: ModelConfig,
                    sharder: Sharder | None) -> jax.Array:
   """log pi_theta of every target of the packed rows."""
-  return logprobs.token_logprobs(
-      params, rows.tokens_RxT, rows.positions_RxT, rows.segment_ids_RxT,
-      rows.targets_RxT, cfg=cfg, sharder=sharder)
+  return logprobs.rows_logprobs(params, rows, cfg=cfg, sharder=sharder)
 
 
 def _per_response(x_RxT, mb: Minibatch) -> jax.Array:

@@ -24,7 +24,7 @@ import collections
 import dataclasses
 import sys
 import time
-from typing import Hashable, NamedTuple, Sequence
+from typing import Any, Hashable, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -32,6 +32,7 @@ import numpy as np
 from kimi_jax.sampler.engine import DecodeState, Engine, Prefix
 from kimi_jax.sampler.repetition import RepeatConfig, repeating, tails
 from kimi_jax.sampler.sampling import SamplingParams
+from kimi_jax.vision import merge
 
 FINISH_REASONS = ("stop", "length", "repeat", "budget")
 _STOP, _LENGTH, _REPEAT, _BUDGET = 1, 2, 3, 4  # 0: still running
@@ -49,6 +50,10 @@ class SampleRequest:
   sampling: SamplingParams = SamplingParams()
   stop_tokens: tuple[int, ...] = ()
   budget: int | None = None
+  # A vision model's prompt images, n x H x W x C pixels in the order of the
+  # prompt's placeholder runs; prefilled again with the prompt when a
+  # partial rollout is continued.
+  images: Any = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
     # Lists are accepted for convenience; stored as tuples (hashable, frozen).
@@ -124,7 +129,30 @@ def request_problems(req: SampleRequest, engine: Engine
     elif isinstance(m, (int, np.integer)) and b > m:
       out.append(("budget", f"{b} is larger than max_new_tokens={m}"))
   out += [(f"sampling.{f}", msg) for f, msg in req.sampling.errors()]
-  return out
+  return out + image_problems(req, engine)
+
+
+def image_problems(req: SampleRequest, engine: Engine
+                   ) -> list[tuple[str, str]]:
+  """(field, message) for a request's images that the model cannot take:
+  no vision tower, wrong pixel shape or channels, more images than slots,
+  or placeholders that do not match them."""
+  v = engine.cfg.vision
+  n = 0 if req.images is None else len(req.images)
+  if v is None:
+    return [("images", "the model has no vision tower (model.vision)")] if n \
+        else []
+  if n:
+    shape = tuple(np.shape(req.images)[1:])
+    want = (v.image_size, v.image_size, v.channels)
+    if shape != want:
+      return [("images", f"pixels of shape {shape}, the model takes "
+                         f"{want} (image_size x image_size x channels)")]
+  try:
+    merge.check_placeholders(req.prompt, n, v, "prompt")
+  except ValueError as exc:
+    return [("images", str(exc))]
+  return []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,7 +408,8 @@ class Sampler:
     prefixes = [engine.prefill_batch(
         params, [seqs[j] for j in g],
         [requests[taken[j]].sampling for j in g],
-        [len(requests[taken[j]].prefix) for j in g]) for g in groups]
+        [len(requests[taken[j]].prefix) for j in g],
+        **_images_of([requests[taken[j]] for j in g])) for g in groups]
     for j, slot in enumerate(free[:len(taken)]):
       slots.admit(slot, taken[j], requests[taken[j]], budget_cap)
     defer = not pending or not any(
@@ -427,6 +456,13 @@ class Sampler:
       results[i] = slots.result(slot, requests[i], code)
       slots.request[slot] = -1
     return codes > 0
+
+
+def _images_of(group: Sequence[SampleRequest]) -> dict[str, Any]:
+  """`prefill_batch`'s images argument for a group, when it has any."""
+  if all(r.images is None for r in group):
+    return {}
+  return {"images": [r.images for r in group]}
 
 
 class _Late(NamedTuple):

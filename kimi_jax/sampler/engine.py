@@ -44,6 +44,7 @@ from kimi_jax.sampler.sampling import (SamplingParams, SlotSampling,
                                        empty_slot_sampling, sample_tokens,
                                        stacked_slot_sampling)
 from kimi_jax.sharding import Sharder, abstract_arrays
+from kimi_jax.vision.merge import RowImages
 
 Params = dict[str, Any]
 # Stop tokens per slot the device checks to end a `generate` call early; the
@@ -237,14 +238,20 @@ class Engine:
     return self._init_jit()
 
   def prefill(self, params: Params, tokens: Sequence[int],
-              sampling: SamplingParams, first_index: int = 0) -> Prefix:
+              sampling: SamplingParams, first_index: int = 0,
+              images: np.ndarray | None = None) -> Prefix:
     """Runs the prompt (plus any continued prefix) and samples one token:
     `prefill_batch` of one sequence (a prefix of one row).
 
     first_index: response index of the token sampled here (the length of the
     continued prefix), so its key is the same as in an uninterrupted run.
+    images: a vision model's prompt images (n x H x W x C pixels, in the
+    order of their placeholder runs).
     """
-    return self.prefill_batch(params, [tokens], [sampling], [first_index])
+    if images is None:
+      return self.prefill_batch(params, [tokens], [sampling], [first_index])
+    return self.prefill_batch(params, [tokens], [sampling], [first_index],
+                              images=[images])
 
   def insert(self, prefix: Prefix, state: DecodeState, slot: int
              ) -> DecodeState:
@@ -314,13 +321,20 @@ class Engine:
 
   def prefill_batch(self, params: Params, token_seqs: Sequence[Sequence[int]],
                     samplings: Sequence[SamplingParams],
-                    first_indices: Sequence[int]) -> Prefix:
+                    first_indices: Sequence[int],
+                    images: Sequence[np.ndarray | None] | None = None
+                    ) -> Prefix:
     """`prefill` of N sequences in one call; row i of the result is what
     `prefill(params, token_seqs[i], samplings[i], first_indices[i])` gives
     (up to float rounding of the logits).
 
     Tokens pad to the bucket of the longest sequence, N to a batch bucket:
     group sequences of similar length so short ones are not padded far.
+    images: per sequence, its images (n_i x H x W x C) or None. A vision
+    model's prefill always takes `vision.max_images` slots per row (empty
+    ones masked), so image and text prompts share one compilation; the
+    image embeddings are computed here, once per request, and live on in
+    the KV cache.
     """
     n = len(token_seqs)
     if not (n == len(samplings) == len(first_indices)):
@@ -339,7 +353,36 @@ class Engine:
       lengths_N[i] = len(seq)
       first_N[i] = first_indices[i]
     return self._prefill_batch_jit(params, *self._put((
-        tokens_NxT, lengths_N, stacked_slot_sampling(samplings, N), first_N)))
+        tokens_NxT, lengths_N, stacked_slot_sampling(samplings, N), first_N,
+        self._row_images(images, n, N))))
+
+  def _row_images(self, images: Sequence[np.ndarray | None] | None, n: int,
+                  N: int) -> RowImages | None:
+    """Host `RowImages` of N prefill rows (None for a text-only model)."""
+    given = [] if images is None else list(images)
+    if given and len(given) != n:
+      raise ValueError(f"prefill_batch: {n} sequences, {len(given)} image "
+                       f"lists")
+    v = self.cfg.vision
+    if v is None:
+      if any(x is not None and len(x) for x in given):
+        raise ValueError("prefill_batch: images for a model without "
+                         "model.vision")
+      return None
+    pixels = np.zeros((N, v.max_images, v.image_size, v.image_size,
+                       v.channels), np.float32)
+    mask = np.zeros((N, v.max_images), bool)
+    for i, x in enumerate(given):
+      if x is None or not len(x):
+        continue
+      x = np.asarray(x, np.float32)
+      if len(x) > v.max_images or x.shape[1:] != pixels.shape[2:]:
+        raise ValueError(f"prefill_batch: sequence {i}: images of shape "
+                         f"{x.shape}, expected at most {v.max_images} x "
+                         f"{pixels.shape[2:]}")
+      pixels[i, :len(x)] = x
+      mask[i, :len(x)] = True
+    return RowImages(pixels, mask)
 
   def insert_batch(self, prefix: Prefix, state: DecodeState,
                    slots: Sequence[int | None]) -> DecodeState:
@@ -382,8 +425,10 @@ class Engine:
         shape, dtype, sharding=self._host_sharding)
     sampling = abstract_arrays(
         stacked_slot_sampling([SamplingParams()] * N, N), self._host_sharding)
+    images = (None if self.cfg.vision is None else abstract_arrays(
+        self._row_images(None, 0, N), self._host_sharding))
     prefill = (params, host((N, T), np.int32), host((N,), np.int32), sampling,
-               host((N,), np.int32))
+               host((N,), np.int32), images)
     # Decode params: each layer's leaves keep their sharding without the
     # leading (unsharded) layer axis.
     drop_layer_axis = lambda s: (jax.sharding.NamedSharding(
@@ -449,7 +494,8 @@ class Engine:
     return self._init_state()
 
   def _prefill_batch_fn(self, params, tokens_NxT, lengths_N,
-                        sampling_N: SlotSampling, first_N) -> Prefix:
+                        sampling_N: SlotSampling, first_N,
+                        images: RowImages | None = None) -> Prefix:
     self._traces["prefill_batch"] += 1
     N, T = tokens_NxT.shape
     positions_NxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (N, T))
@@ -457,7 +503,7 @@ class Engine:
     cache = transformer.init_cache(self.cfg, N, T)
     x_NxTxD, cache = transformer.hidden_states(
         params, tokens_NxT, positions_NxT, segments_NxT, cfg=self.cfg,
-        cache=cache, prefill=True, sharder=self.sharder)
+        cache=cache, prefill=True, sharder=self.sharder, images=images)
     # Logits of each row's last real token only: never N x T x V.
     last_Nx1xD = jnp.take_along_axis(x_NxTxD, (lengths_N - 1)[:, None, None],
                                      axis=1)

@@ -1,0 +1,180 @@
+"""The vision path through the policy: images in token rows for the
+trainer's log-probs, and image prompts through the sampler's prefill,
+decode and partial-rollout continuation, against the trainer's forward;
+packed rows keep each sequence's images; the sharded forward equals one
+device."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from kimi_jax.model import logprobs, transformer
+from kimi_jax.model.config import ModelConfig
+from kimi_jax.sampler import handoff
+from kimi_jax.sampler.driver import (SampleRequest, SampleRequestError,
+                                     Sampler, continuation)
+from kimi_jax.sampler.engine import Engine, EngineConfig
+from kimi_jax.sampler.repetition import RepeatConfig
+from kimi_jax.sampler.sampling import SamplingParams
+from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
+from kimi_jax.token_rows import TokenRows
+from kimi_jax.vision.merge import RowImages
+
+IMG = 5  # the placeholder token id
+VISION = dict(image_size=16, patch_size=4, d_model=32, n_layers=2, n_heads=2,
+              mlp_dim=64, image_token_id=IMG, pool=2, max_images=2)
+CFG = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4,
+                  n_kv_heads=2, head_dim=16, mlp_dim=128, qkv_bias=True,
+                  max_seq_len=64, vision=VISION)
+P = CFG.vision.tokens_per_image  # 4: a 4 x 4 patch grid pooled 2 x 2
+NO_REPEAT = RepeatConfig(enabled=False)
+
+
+def _pixels(seed, n):
+  rng = np.random.default_rng(seed)
+  return rng.uniform(-1, 1, (n, 16, 16, 3)).astype(np.float32)
+
+
+def _prompt(n_images):
+  out = [3, 7]
+  for j in range(n_images):
+    out += [IMG] * P + [9 + j]
+  return tuple(out + [11])
+
+
+@pytest.fixture(scope="module")
+def params():
+  return jax.jit(lambda: transformer.init_params(CFG, jax.random.key(0),
+                                                 std=0.2))()
+
+
+def _rows(seqs, images_per_seq, T):
+  """Packed host rows, one row, sequences back to back; each sequence's
+  images go to the row's next slots in order."""
+  tokens = np.zeros((1, T), np.int32)
+  targets = np.zeros((1, T), np.int32)
+  positions = np.zeros((1, T), np.int32)
+  segments = np.zeros((1, T), np.int32)
+  mask = np.zeros((1, T), np.float32)
+  pixels = np.zeros((1, 2, 16, 16, 3), np.float32)
+  image_mask = np.zeros((1, 2), bool)
+  at = slot = 0
+  for s, (seq, imgs) in enumerate(zip(seqs, images_per_seq)):
+    n = len(seq) - 1
+    tokens[0, at:at + n] = seq[:-1]
+    targets[0, at:at + n] = seq[1:]
+    positions[0, at:at + n] = np.arange(n)
+    segments[0, at:at + n] = s + 1
+    mask[0, at:at + n] = 1.0
+    at += n
+    for img in imgs:
+      pixels[0, slot] = img
+      image_mask[0, slot] = True
+      slot += 1
+  return TokenRows(tokens, targets, positions, segments, mask,
+                   images=RowImages(pixels, image_mask))
+
+
+_row_logp = jax.jit(lambda p, rows: logprobs.rows_logprobs(p, rows, cfg=CFG))
+
+
+@pytest.mark.host_inputs
+def test_sampled_logprobs_of_an_image_prompt_equal_the_trainers(params):
+  images = _pixels(1, 2)
+  prompt = _prompt(2)
+  engine = Engine(CFG, EngineConfig(max_slots=2, cache_len=64,
+                                    prefill_buckets=(16, 32)))
+  sampler = Sampler(engine, NO_REPEAT, steps_per_call=4)
+  placed, _ = handoff.place_params(params, engine.param_shardings)
+  req = SampleRequest("a", prompt, max_new_tokens=12, images=images,
+                      sampling=SamplingParams(seed=3))
+  (res,), _ = sampler.generate(placed, [req])
+  assert len(res.tokens) == 12
+  # The trainer's forward over prompt + response, the images in the row.
+  seq = prompt + res.tokens
+  logp = np.asarray(_row_logp(params, _rows([seq], [images], 48)))[0]
+  n = len(prompt)
+  np.testing.assert_allclose(logp[n - 1:n - 1 + 12], res.logprobs,
+                             atol=2e-5)
+  # The images matter: other pixels give other log-probs for that response.
+  other = np.asarray(_row_logp(params, _rows([seq], [_pixels(2, 2)], 48)))[0]
+  assert np.abs(other[n - 1:n - 1 + 12] - logp[n - 1:n - 1 + 12]).max() > 1e-3
+
+
+@pytest.mark.host_inputs
+def test_a_partial_rollout_of_an_image_prompt_continues_as_if_uninterrupted(
+    params):
+  images = _pixels(3, 1)
+  engine = Engine(CFG, EngineConfig(max_slots=2, cache_len=64,
+                                    prefill_buckets=(16, 32)))
+  sampler = Sampler(engine, NO_REPEAT, steps_per_call=3)
+  placed, _ = handoff.place_params(params, engine.param_shardings)
+  req = SampleRequest("a", _prompt(1), max_new_tokens=10, images=images,
+                      sampling=SamplingParams(seed=9))
+  (whole,), _ = sampler.generate(placed, [req])
+  (first,), _ = sampler.generate(placed, [dataclasses.replace(req, budget=4)])
+  assert first.finish_reason == "budget"
+  (rest,), _ = sampler.generate(placed, [continuation(req, first)])
+  assert first.tokens + rest.tokens == whole.tokens
+  np.testing.assert_allclose(first.logprobs + rest.logprobs, whole.logprobs,
+                             atol=2e-5)
+
+
+@pytest.mark.host_inputs
+def test_packed_rows_keep_each_sequences_images(params):
+  a, b = _prompt(1) + (20, 21, 22), _prompt(1) + (30, 31)
+  img_a, img_b = _pixels(4, 1), _pixels(5, 1)
+  packed = np.asarray(_row_logp(params, _rows([a, b], [img_a, img_b], 32)))
+  alone_a = np.asarray(_row_logp(params, _rows([a], [img_a], 32)))
+  alone_b = np.asarray(_row_logp(params, _rows([b], [img_b], 32)))
+  na, nb = len(a) - 1, len(b) - 1
+  np.testing.assert_allclose(packed[0, :na], alone_a[0, :na], atol=1e-5)
+  np.testing.assert_allclose(packed[0, na:na + nb], alone_b[0, :nb],
+                             atol=1e-5)
+  # Swapping the images between the packed sequences changes both.
+  swapped = np.asarray(_row_logp(params, _rows([a, b], [img_b, img_a], 32)))
+  assert np.abs(swapped[0, :na] - packed[0, :na]).max() > 1e-3
+
+
+def test_requests_with_images_the_model_cannot_take_are_named(params):
+  engine = Engine(CFG, EngineConfig(max_slots=2, cache_len=64))
+  sampler = Sampler(engine, NO_REPEAT)
+  bad = [
+      SampleRequest("one_placeholder_run_short", _prompt(2), max_new_tokens=4,
+                    images=_pixels(0, 1)),
+      SampleRequest("wrong_size", _prompt(1), max_new_tokens=4,
+                    images=np.zeros((1, 8, 8, 3), np.float32)),
+      SampleRequest("too_many", _prompt(3), max_new_tokens=4,
+                    images=_pixels(0, 3)),
+  ]
+  with pytest.raises(SampleRequestError) as info:
+    sampler.validate(bad)
+  named = {(rid, field) for rid, field, _ in info.value.problems}
+  assert named == {(r.id, "images") for r in bad}
+  text_engine = Engine(dataclasses.replace(CFG, vision=None),
+                       EngineConfig(max_slots=2, cache_len=64))
+  with pytest.raises(SampleRequestError, match="no vision tower"):
+    Sampler(text_engine).validate([SampleRequest(
+        "x", (1, 2), max_new_tokens=3, images=_pixels(0, 1))])
+
+
+def test_vision_forward_on_a_mesh_equals_one_device(params):
+  sharder = Sharder(make_mesh(MeshConfig(data=2, fsdp=2, tensor=2)))
+  shardings = transformer.param_shardings(CFG, sharder)
+  # Every vision and projector parameter has a sharding from the rules.
+  assert set(shardings) >= {"vision", "projector"}
+  sharded = transformer.init_sharded(CFG, 0, sharder, std=0.2)
+  single = jax.device_get(sharded)
+  rows = jax.tree.map(lambda x: np.concatenate([x, x]), _rows(
+      [_prompt(2) + (13, 14)], [_pixels(6, 2)], 24))
+  host = jax.device_get(jax.jit(
+      lambda p, r: logprobs.rows_logprobs(p, r, cfg=CFG))(
+          jax.device_put(single, jax.devices()[0]),
+          jax.device_put(rows, jax.devices()[0])))
+  from kimi_jax.sharding import batch_shardings
+  on_mesh = jax.jit(
+      lambda p, r: logprobs.rows_logprobs(p, r, cfg=CFG, sharder=sharder))(
+          sharded, jax.device_put(rows, batch_shardings(sharder, rows)))
+  np.testing.assert_allclose(np.asarray(on_mesh), host, atol=2e-5)
