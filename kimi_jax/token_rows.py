@@ -37,11 +37,17 @@ class TokenRows:
     return tuple(self.tokens_RxT.shape)
 
 
-def empty_rows(R: int, T: int, pad_id: int) -> TokenRows:
-  """All-padding host rows, to be filled in."""
+def empty_rows(R: int, T: int, pad_id: int,
+               image_like: tuple[int, int, int] | None = None,
+               image_slots: int = 0) -> TokenRows:
+  """All-padding host rows, to be filled in; with `image_like` (one image's
+  H, W, C) each row has `image_slots` empty image slots."""
+  images = None if image_like is None else RowImages(
+      np.zeros((R, image_slots) + tuple(image_like), np.float32),
+      np.zeros((R, image_slots), bool))
   return TokenRows(
       tokens_RxT=np.full((R, T), pad_id, np.int32),
       targets_RxT=np.full((R, T), pad_id, np.int32),
       positions_RxT=np.zeros((R, T), np.int32),
       segment_ids_RxT=np.zeros((R, T), np.int32),
-      mask_RxT=np.zeros((R, T), np.float32))
+      mask_RxT=np.zeros((R, T), np.float32), images=images)

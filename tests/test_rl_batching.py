@@ -176,3 +176,42 @@ def test_packed_sums_drop_padding():
   got = jax.jit(losses.packed_sums, static_argnums=2)(
       *jax.device_put((x, seq)), 2)
   np.testing.assert_allclose(got, [3., 10.])
+
+
+def test_pack_rows_respects_the_rows_image_slots():
+  # Lengths alone would put 0, 1 and 2 together (3 + 3 + 2 <= 8); 0 and 1
+  # have 2 images each and a row has 3 slots.
+  rows = batching.pack_rows([3, 3, 2], 8, images=[2, 2, 1], image_slots=3)
+  assert rows == [[0, 2], [1]]
+  with pytest.raises(ValueError, match="max_images"):
+    batching.pack_rows([3], 8, images=[4], image_slots=3)
+
+
+def test_packed_rows_carry_each_sequences_images_in_placeholder_order():
+  # Group p's prompt has p images (pixels filled with 10 * p + image index);
+  # every sequence's images must sit in its row's slots in the order its
+  # segment appears in the row, which is the order of the row's
+  # placeholder runs.
+  like = (2, 2, 1)
+  pixels = [np.stack([np.full(like, 10.0 * p + j, np.float32)
+                      for j in range(p)]) if p else
+            np.zeros((0,) + like, np.float32) for p in range(3)]
+  mb = batching.packed_minibatch(
+      _groups(), PROMPTS, version=VERSION, train_on_old_segments=False,
+      len_buckets=(16,), rows=(2, 4, 8, 9), pad_id=0, pad_prompts_to=4,
+      images=batching.ImageInputs(pixels, slots=3, like=like))
+  images = mb.rows.images
+  assert images.pixels_BxIxHxWxC.shape[1:] == (3,) + like
+  for r in range(mb.rows.shape[0]):
+    segs = mb.rows.segment_ids_RxT[r]
+    want = []
+    for s in sorted(set(segs[segs > 0])):
+      p = int(mb.seq_RxT[r][segs == s][0]) // K
+      want += [10.0 * p + j for j in range(p)]
+    assert len(want) <= 3
+    got = images.pixels_BxIxHxWxC[r, :, 0, 0, 0]
+    np.testing.assert_array_equal(images.mask_BxI[r],
+                                  np.arange(3) < len(want))
+    np.testing.assert_array_equal(got[:len(want)], want)
+  # Every sequence's images are there: 3 responses x (0 + 1 + 2) images.
+  assert images.mask_BxI.sum() == K * 3

@@ -83,6 +83,13 @@ def hf_tokenizer(init_from_hf: str, task: TaskConfig) -> Any:
   return load_hf_tokenizer(path)
 
 
+def prompt_images(record: Mapping[str, Any]) -> Any:
+  """A record's prompt images as the model takes them (n x H x W x C
+  float32 pixels, `kimi_jax.data.images.to_pixels`), or None for a text
+  record."""
+  return record.get("pixels")
+
+
 def task_config(section: Mapping[str, Any]) -> TaskConfig:
   """The typed `config.task` section of the task it names."""
   from kimi_jax.config import ConfigError, to_dataclass

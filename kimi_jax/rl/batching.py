@@ -27,6 +27,8 @@ minibatch (padding prompts own no tokens and have `valid_P = 0`).
 
 from __future__ import annotations
 
+from typing import NamedTuple, Sequence
+
 import flax.struct
 import jax
 import numpy as np
@@ -91,39 +93,64 @@ def row_buckets(max_rows: int, multiple_of: int = 1) -> tuple[int, ...]:
   return tuple(sorted(out)) + (max_rows,)
 
 
-def pack_rows(lengths: list[int], row_len: int, pack: bool = True
+def pack_rows(lengths: list[int], row_len: int, pack: bool = True, *,
+              images: list[int] | None = None, image_slots: int = 0
               ) -> list[list[int]]:
   """Indices of `lengths` per row; each row's lengths sum to <= row_len.
 
   First fit decreasing: at most 11/9 OPT + 1 rows. pack=False gives every
-  sequence its own row (the unpacked layout, same code path).
+  sequence its own row (the unpacked layout, same code path). With
+  `images` (each sequence's image count) a row also holds at most
+  `image_slots` images: a vision model's rows carry their images in that
+  many fixed slots.
   """
   if any(n > row_len for n in lengths):
     raise ValueError(f"a sequence of {max(lengths)} tokens does not fit a "
                      f"row of {row_len}")
+  need = images or [0] * len(lengths)
+  if any(n > image_slots for n in need):
+    raise ValueError(f"a sequence with {max(need)} images does not fit a "
+                     f"row's {image_slots} image slots (model.vision."
+                     f"max_images)")
   order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
   if not pack:
     return [[i] for i in order]
   rows: list[list[int]] = []
   room: list[int] = []
+  slots: list[int] = []
   for i in order:
     for r, free in enumerate(room):
-      if lengths[i] <= free:
+      if lengths[i] <= free and need[i] <= slots[r]:
         rows[r].append(i)
         room[r] -= lengths[i]
+        slots[r] -= need[i]
         break
     else:
       rows.append([i])
       room.append(row_len - lengths[i])
+      slots.append(image_slots - need[i])
   return rows
 
 
-def empty_minibatch(P: int, K: int, R: int, T: int, pad_id: int
-                    ) -> Minibatch:
+class ImageInputs(NamedTuple):
+  """A vision model's images for `packed_minibatch`: `pixels[p]` the
+  images of group p's prompt (n x H x W x C); `slots` image slots per row;
+  `like` one image's (H, W, C)."""
+
+  pixels: Sequence[np.ndarray]
+  slots: int
+  like: tuple[int, int, int]
+
+
+def empty_minibatch(P: int, K: int, R: int, T: int, pad_id: int,
+                    image_like: tuple[int, int, int] | None = None,
+                    image_slots: int = 0) -> Minibatch:
   """The arrays of one minibatch, all padding: R x T rows, P x K per
-  response, P per prompt. Real minibatches fill these in."""
+  response, P per prompt. Real minibatches fill these in. With
+  `image_like` (one image's H, W, C) the rows carry `image_slots` empty
+  image slots each."""
   return Minibatch(
-      rows=empty_rows(R, T, pad_id),
+      rows=empty_rows(R, T, pad_id, image_like, image_slots),
       seq_RxT=np.full((R, T), P * K, np.int32),
       lengths_PxK=np.zeros((P, K), np.int32),
       valid_P=np.zeros((P,), np.float32),
@@ -133,11 +160,15 @@ def empty_minibatch(P: int, K: int, R: int, T: int, pad_id: int
       sampler_seq_logp_PxK=np.zeros((P, K), np.float32))
 
 
-def abstract_minibatch(P: int, K: int, R: int, T: int) -> Minibatch:
+def abstract_minibatch(P: int, K: int, R: int, T: int,
+                       image_like: tuple[int, int, int] | None = None,
+                       image_slots: int = 0) -> Minibatch:
   """A minibatch's shapes and dtypes (ShapeDtypeStructs), by the suffix of
   each field's name, without allocating it (ahead-of-time compiles)."""
-  dims = {"RxT": (R, T), "PxK": (P, K), "P": (P,)}
-  like = empty_minibatch(P, K, 1, 1, 0)
+  I = image_slots
+  dims = {"RxT": (R, T), "PxK": (P, K), "P": (P,), "BxI": (R, I),
+          "BxIxHxWxC": (R, I) + tuple(image_like or ())}
+  like = empty_minibatch(P, K, 1, 1, 0, image_like, image_slots)
   return jax.tree_util.tree_map_with_path(
       lambda path, x: jax.ShapeDtypeStruct(
           dims[str(path[-1].name).rsplit("_", 1)[1]], x.dtype), like)
@@ -147,8 +178,14 @@ def packed_minibatch(groups: list[replay_buffer.Group],
                      prompts: list[list[int]], *, version: int,
                      train_on_old_segments: bool, len_buckets: tuple[int, ...],
                      rows: tuple[int, ...], pad_id: int, pad_prompts_to: int,
-                     pack: bool = True) -> Minibatch:
-  """One minibatch of whole groups; see the module docstring for layout."""
+                     pack: bool = True,
+                     images: ImageInputs | None = None) -> Minibatch:
+  """One minibatch of whole groups; see the module docstring for layout.
+
+  images: a vision model's prompt images, one array (n x H x W x C, n may
+  be 0) per group, and the rows' image slots; each sequence's images go to
+  its row's next free slots, in packing order, so a row's placeholder runs
+  and its slots line up."""
   if len(groups) != len(prompts):
     raise ValueError(f"{len(groups)} groups but {len(prompts)} prompts")
   if len(groups) > pad_prompts_to:
@@ -160,15 +197,27 @@ def packed_minibatch(groups: list[replay_buffer.Group],
           for j, traj in enumerate(group.trajectories)]
   n_in = [len(s) - 1 for _, _, s, _ in seqs]
   T = bucket_length(max(n_in + [1]), len_buckets)
-  layout = pack_rows(n_in, T, pack)
+  per_seq = None if images is None else [
+      images.pixels[p] for p, _, _, _ in seqs]
+  layout = pack_rows(
+      n_in, T, pack, images=None if per_seq is None else
+      [len(x) for x in per_seq],
+      image_slots=0 if images is None else images.slots)
   R = bucket_length(len(layout), rows) if layout else rows[0]
-  out = empty_minibatch(pad_prompts_to, K, R, T, pad_id)
+  out = empty_minibatch(pad_prompts_to, K, R, T, pad_id,
+                        *(() if images is None else (images.like,
+                                                     images.slots)))
   rows_ = out.rows
   out.valid_P[:len(groups)] = 1.0
   for r, members in enumerate(layout):
-    col = 0
+    col = slot = 0
     for segment, i in enumerate(members, start=1):
       p, j, seq, traj = seqs[i]
+      if per_seq is not None and len(per_seq[i]):
+        n = len(per_seq[i])
+        rows_.images.pixels_BxIxHxWxC[r, slot:slot + n] = per_seq[i]
+        rows_.images.mask_BxI[r, slot:slot + n] = True
+        slot += n
       m = n_in[i]
       span = slice(col, col + m)
       rows_.tokens_RxT[r, span] = seq[:-1]
@@ -210,7 +259,8 @@ def sorted_minibatches(groups: list[replay_buffer.Group],
                        prompts: list[list[int]], *, size: int, version: int,
                        train_on_old_segments: bool,
                        len_buckets: tuple[int, ...], pad_id: int,
-                       rows: tuple[int, ...] | None = None, pack: bool = True
+                       rows: tuple[int, ...] | None = None, pack: bool = True,
+                       images: ImageInputs | None = None
                        ) -> tuple[list[Minibatch], list[list[int]]]:
   """Minibatches of `size` whole groups, each packed into its own bucket.
 
@@ -229,6 +279,8 @@ def sorted_minibatches(groups: list[replay_buffer.Group],
     out.append(packed_minibatch(
         [groups[i] for i in idx], [prompts[i] for i in idx], version=version,
         train_on_old_segments=train_on_old_segments, len_buckets=len_buckets,
-        rows=rows, pad_id=pad_id, pad_prompts_to=size, pack=pack))
+        rows=rows, pad_id=pad_id, pad_prompts_to=size, pack=pack,
+        images=None if images is None else images._replace(
+            pixels=[images.pixels[i] for i in idx])))
     members.append(idx)
   return out, members

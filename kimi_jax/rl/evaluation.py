@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from kimi_jax.data import tagging
-from kimi_jax.data.tasks import Task
+from kimi_jax.data.tasks import Task, prompt_images
 from kimi_jax.rewards.base import score_all
 from kimi_jax.rl import rollout
 from kimi_jax.sampler import handoff
@@ -89,17 +89,19 @@ class Evaluator:
     out = []
     for i, record in enumerate(self.task.eval):
       prompt = tuple(self.task.encode_prompt(record))
+      pixels = prompt_images(record)
       for j in range(self.samples):
         out.append(SampleRequest(
             id=("s", i, j), prompt=prompt,
             max_new_tokens=self.max_response_len, stop_tokens=stop,
             sampling=SamplingParams(
                 temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                seed=rollout.request_seed(self.seed, i, j))))
+                seed=rollout.request_seed(self.seed, i, j)), images=pixels))
       out.append(SampleRequest(id=("g", i, 0), prompt=prompt,
                                max_new_tokens=self.max_response_len,
                                stop_tokens=stop,
-                               sampling=SamplingParams(greedy=True)))
+                               sampling=SamplingParams(greedy=True),
+                               images=pixels))
     return out
 
   def sample(self, params) -> EvalSamples:

@@ -110,7 +110,10 @@ class Learner:
     P, K, R = rl.minibatch_prompts, rl.samples_per_prompt, self.row_buckets[-1]
 
     def minibatch(T: int) -> Minibatch:
-      like = batching.abstract_minibatch(P, K, R, T)
+      v = model.vision
+      like = batching.abstract_minibatch(
+          P, K, R, T, *(() if v is None else (
+              (v.image_size, v.image_size, v.channels), v.max_images)))
       return abstract_arrays(like, batch_shardings(self.sharder, like))
 
     out = {}

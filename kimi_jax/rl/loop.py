@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
 from kimi_jax import train_step as ts
 from kimi_jax.console import log, progress
-from kimi_jax.data.tasks import Task
+from kimi_jax.data.tasks import Task, prompt_images
 from kimi_jax.metrics import MetricsWriter
 from kimi_jax.rewards.base import reward_stats, score_all
 from kimi_jax.rl import batching, length_reward, replay_buffer, rollout
@@ -139,6 +139,23 @@ class RLLoop:
       self._encoded[index] = self.task.encode_prompt(self.task.train[index])
     return self._encoded[index]
 
+  def prompt_images(self, index: int) -> np.ndarray | None:
+    """The images of train prompt `index` (n x H x W x C), or None."""
+    return prompt_images(self.task.train[index])
+
+  def image_inputs(self, indices: Sequence[int]
+                   ) -> batching.ImageInputs | None:
+    """The prompts' images for packing, when the policy has a vision
+    tower; None for a text model."""
+    v = self.learner.model.vision
+    if v is None:
+      return None
+    like = (v.image_size, v.image_size, v.channels)
+    empty = np.zeros((0,) + like, np.float32)
+    return batching.ImageInputs(
+        pixels=[x if (x := self.prompt_images(i)) is not None else empty
+                for i in indices], slots=v.max_images, like=like)
+
   def max_response_len(self, prompt_index: int, sample_index: int) -> int:
     cap = self.task.response_cap
     full = self.rl.max_response_len
@@ -171,7 +188,8 @@ class RLLoop:
         max_response_lens=[self.max_response_len(t.prompt_index,
                                                   t.sample_index)
                            for t in pending],
-        token_budget=rl.token_budget)
+        token_budget=rl.token_budget,
+        images=[self.prompt_images(t.prompt_index) for t in pending])
     t0 = time.perf_counter()
     results, sampler_stats = self.sampler.generate(
         sampler_params, requests, **rollout.window_args(rl))
@@ -238,7 +256,8 @@ class RLLoop:
         size=rl.minibatch_prompts, version=it,
         train_on_old_segments=rl.train_on_old_segments,
         len_buckets=learner.len_buckets, pad_id=self.task.tokenizer.pad_id,
-        rows=learner.row_buckets, pack=rl.pack_sequences)
+        rows=learner.row_buckets, pack=rl.pack_sequences,
+        images=self.image_inputs([g.prompt_index for g in groups]))
     return batching.with_scores(mbs, members, reward_PxK=scores.reward_PxK,
                                 correct_PxK=scores.correct_PxK)
 

@@ -42,12 +42,16 @@ def continue_requests(pending: Sequence[replay_buffer.Trajectory],
                       prompts: Sequence[list[int]], *, seed: int,
                       iteration: int, settings: SamplingSettings,
                       stop_tokens: tuple[int, ...],
-                      max_response_lens: Sequence[int], token_budget: int
+                      max_response_lens: Sequence[int], token_budget: int,
+                      images: Sequence[Any] | None = None
                       ) -> list[SampleRequest]:
   """One request per unfinished response: continue `prompt + tokens so far`
-  for at most `token_budget` new tokens, up to its `max_response_lens`."""
+  for at most `token_budget` new tokens, up to its `max_response_lens`;
+  `images[i]`: response i's prompt images (None: none)."""
   out = []
-  for traj, prompt, max_len in zip(pending, prompts, max_response_lens):
+  images = [None] * len(pending) if images is None else images
+  for traj, prompt, max_len, pixels in zip(pending, prompts,
+                                           max_response_lens, images):
     budget = min(token_budget, max_len - traj.length)
     out.append(SampleRequest(
         id=(traj.group_id, traj.sample_index), prompt=tuple(prompt),
@@ -57,7 +61,8 @@ def continue_requests(pending: Sequence[replay_buffer.Trajectory],
             top_p=settings.top_p,
             seed=request_seed(seed, traj.group_id, traj.sample_index,
                               iteration)),
-        stop_tokens=stop_tokens, max_new_tokens=max_len, budget=budget))
+        stop_tokens=stop_tokens, max_new_tokens=max_len, budget=budget,
+        images=pixels))
   return out
 
 
