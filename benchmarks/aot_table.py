@@ -35,6 +35,15 @@ def model_name(config: str) -> str:
   return f"{name} `:{variant}`" if variant else name
 
 
+def _order(report: Mapping[str, Any]) -> tuple:
+  """Smallest model first, then the variant, then v5p before v5e."""
+  path, _, variant = report["config"].partition(":")
+  stem = os.path.splitext(os.path.basename(path))[0]
+  known = list(_MODEL)
+  return (known.index(stem) if stem in known else len(known), stem, variant,
+          report["topology"].startswith("v5e"), report["topology"])
+
+
 def _gb(entry: Mapping[str, Any]) -> str:
   text = f"{entry['total_bytes'] / GB:.1f}"
   return text if entry["fits"] else f"**{text} (out of HBM)**"
@@ -77,9 +86,9 @@ def main(argv: list[str]) -> int:
       print(f"{path}: not an --aot report (missing {sorted(missing)})",
             file=sys.stderr)
       return 2
-    rows.append((report["config"], report["topology"], table_row(report)))
+    rows.append((_order(report), table_row(report)))
   print(HEADER)
-  for _, _, row in sorted(rows):
+  for _, row in sorted(rows):
     print(row)
   return 0
 

@@ -91,3 +91,25 @@ def test_every_qwen_experiment_builds_its_aot_programs_as_documented(
       {f"reference_logprobs_T{longest}", "sampler_prefill",
        "sampler_generate"})
   assert longest == config.model.max_seq_len
+
+
+def test_the_readme_table_is_the_json_of_the_aot_runs():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      "aot_table", os.path.join(ROOT, "benchmarks", "aot_table.py"))
+  table = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(table)
+  entry = lambda gb, fits=True: dict(total_bytes=int(gb * 1e9), fits=fits)
+  report = dict(
+      config="experiments/qwen2_5_7b.py:128k", topology="v5p:4x4x8",
+      devices=128, hbm_bytes=95 * 10**9, seq_len=131072,
+      mesh=dict(data=1, fsdp=8, context=4, tensor=4), fits=False,
+      functions={"rl_train_step_T8192": entry(4.9),
+                 "rl_train_step_T131072": entry(96.2, fits=False),
+                 "reference_logprobs_T131072": entry(11.7),
+                 "sampler_prefill": entry(18.6),
+                 "sampler_generate": entry(67.35)})
+  assert table.table_row(report) == (
+      "| Qwen2.5-7B `:128k` | `v5p:4x4x8` (128 x 95 GB) | "
+      "`data=1,fsdp=8,context=4,tensor=4` | 131072 | "
+      "4.9 / **96.2 (out of HBM)** | 11.7 | 18.6 | 67.3 | **does not fit** |")
