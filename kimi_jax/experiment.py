@@ -208,6 +208,8 @@ def check_experiment(cfg: ExperimentConfig, n_devices: int | None = None
   if cfg.init_from_hf and own_tokenizer:
     bad("config.task.tokenizer: set only without init_from_hf (the "
         "checkpoint brings its own tokenizer)")
+  for msg in image_task_problems(cfg.task, model):
+    bad(msg)
   if n_devices is None:
     return
   shards = batch_shards(cfg, n_devices)
@@ -223,3 +225,29 @@ def check_experiment(cfg: ExperimentConfig, n_devices: int | None = None
     bad(f"config.sampler.max_slots ({s.max_slots}) must divide over the "
         f"{shards} batch shards of the mesh")
 
+
+
+def image_task_problems(task: TaskConfig, model: ModelConfig) -> list[str]:
+  """Why a task's images do not fit the model's vision tower (none when
+  they do, or when the task has no images)."""
+  if not getattr(task, "image_fraction", 0):
+    return []
+  v = model.vision
+  if v is None:
+    return ["config.task.image_fraction > 0 needs a vision tower "
+            "(config.model.vision)"]
+  from kimi_jax.data import pointer_chase
+  placeholder = pointer_chase.tokenizer(
+      task.cot_style, images=True).encode(pointer_chase.IMAGE_WORD)[0]
+  out = []
+  for key, want, got in (
+      ("image_token_id", placeholder, v.image_token_id),
+      ("tokens_per_image", task.image_tokens, v.tokens_per_image),
+      ("image_size", task.image_size, v.image_size),
+      ("channels", 3, v.channels)):
+    if want != got:
+      out.append(f"config.model.vision.{key} is {got}, the task's images "
+                 f"need {want} (config.task: image_size "
+                 f"{task.image_size}, image_tokens {task.image_tokens}, "
+                 f"RGB, placeholder id {placeholder})")
+  return out

@@ -123,7 +123,8 @@ def build(cfg: ExperimentConfig, workdir: str) -> Job:
                       f"({task.tokenizer.vocab_size})")
   sft_data = (sft_lib.make_sft_data(cfg.sft, task, cfg.task, cfg.seed,
                                      source=sft_file,
-                                     stage2_source=stage2_file)
+                                     stage2_source=stage2_file,
+                                     vision=cfg.model.vision)
               if cfg.sft.steps > 0 else None)
   engine = Engine(cfg.model, cfg.sampler.engine, sharder=sharder)
   sampler = Sampler(engine, repeat=cfg.sampler.repeat,

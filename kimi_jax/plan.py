@@ -37,6 +37,7 @@ from kimi_jax import train_step
 from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sharding import MESH_AXES, Sharder
+from kimi_jax.vision.config import VisionConfig
 
 GB = 1e9  # decimal gigabytes, as TPU HBM sizes are quoted
 
@@ -70,6 +71,8 @@ class ActivationEstimate:
   attention: int
   logits: int
   total: int
+  # The vision tower's share of `total` (0 for a text model).
+  vision: int = 0
 
 
 def _local_bytes(sharder: Sharder, shape: Sequence[int],
@@ -139,8 +142,42 @@ def activation_estimate(cfg: ModelConfig, sharder: Sharder, rows: int,
     total = L * x + 2 * layer + logits
   else:
     total = L * (x + layer) + layer + logits
+  vision = (0 if cfg.vision is None else
+            vision_activation_estimate(cfg.vision, sharder, rows))
   return ActivationEstimate(boundaries=L * x, layer=layer, attention=attention,
-                            logits=logits, total=total)
+                            logits=logits, total=total + vision,
+                            vision=vision)
+
+
+def vision_activation_estimate(v: VisionConfig, sharder: Sharder,
+                               rows: int) -> int:
+  """Activation bytes per device of the vision tower in a train step over
+  `rows` rows, each with `v.max_images` image slots (empty slots are
+  encoded too: shapes are fixed). With N = rows x max_images images of P
+  patches, width D, MLP width F, h heads (compute dtype c unless marked):
+
+    x     = N P D                     residual stream at a layer boundary
+    layer = 6 x (N P D)               two norm outputs, q, k, v, attention out
+          + 2 x (N P F)               fc1 and gelu(fc1)
+          + 2 x N h P P x 4           scores and probabilities (f32, dense:
+                                      P is small, e.g. 64 to 1024)
+    tower: remat L x + 2 layer, else L (x + layer) + layer; plus the
+    projector's input and hidden (N Q M, M = D pool^2, Q = P / pool^2).
+  """
+  c = v.compute_jnp_dtype
+  N, P, D, F, h = (rows * v.max_images, v.n_patches, v.d_model, v.mlp_dim,
+                   v.n_heads)
+  x = _local_bytes(sharder, (N, P, D), ("batch", None, "act_embed"), c)
+  mlp = _local_bytes(sharder, (N, P, F), ("batch", None, "mlp"), c)
+  scores = 2 * _local_bytes(sharder, (N, h, P, P),
+                            ("batch", "heads", None, None), jnp.float32)
+  layer = 6 * x + 2 * mlp + scores
+  L = v.n_layers
+  tower = L * x + 2 * layer if v.remat else L * (x + layer) + layer
+  Q, M = v.tokens_per_image, v.merged_dim
+  projector = 2 * _local_bytes(sharder, (N, Q, max(M, v.projector_hidden)),
+                               ("batch", None, "mlp"), c)
+  return tower + projector
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +271,9 @@ def format_table(plan: MemoryPlan, device_gb: float | None = None) -> str:
           ("  layer boundaries", a.boundaries),
           ("  one layer's working set", a.layer),
           ("    of which attention scores", a.attention),
-          ("  logits", a.logits), ("total", plan.total)]
+          ("  logits", a.logits)] + (
+              [("  vision tower", a.vision)] if a.vision else []) + [
+          ("total", plan.total)]
   mesh = ", ".join(f"{k}={v}" for k, v in plan.mesh.items())
   lines = [f"per-device memory plan, mesh {mesh} "
            f"({math.prod(plan.mesh.values())} devices)",

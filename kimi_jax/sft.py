@@ -13,7 +13,7 @@ batch and places its own rows.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -23,6 +23,8 @@ from kimi_jax.data.sft_data import PackedBatches
 from kimi_jax.data.tasks import JsonlTaskConfig, Task, TaskConfig
 from kimi_jax.token_rows import TokenRows
 from kimi_jax.train_step import OptimizerConfig
+from kimi_jax.vision.config import VisionConfig
+from kimi_jax.vision.merge import RowImages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,12 +127,19 @@ class SFTData:
     return self.batches
 
 
-def warmstart_pairs(texts: Sequence[tuple[str, str]], tokenizer,
+def warmstart_pairs(texts: Sequence[tuple], tokenizer,
                     encode_prompt: Callable[[dict], list[int]]
-                    ) -> list[tuple[list[int], list[int]]]:
-  """A task's (prompt, solution) texts as (prompt ids, solution ids + eos)."""
-  return [(encode_prompt({"prompt": p}),
-           tokenizer.encode(s) + [tokenizer.eos_id]) for p, s in texts]
+                    ) -> list[tuple[list[int], list[int], Any]]:
+  """A task's (prompt, solution[, pixels]) warm-start examples as (prompt
+  ids, solution ids + eos, pixels or None); an image prompt's pixels go to
+  `encode_prompt` too, which writes its placeholders."""
+  out = []
+  for p, s, *pixels in texts:
+    record = {"prompt": p, **({"pixels": pixels[0]} if pixels else {})}
+    out.append((encode_prompt(record),
+                tokenizer.encode(s) + [tokenizer.eos_id],
+                pixels[0] if pixels else None))
+  return out
 
 
 def sft_source(cfg: SFTConfig, path: str | None = None
@@ -145,8 +154,8 @@ def sft_source(cfg: SFTConfig, path: str | None = None
 
 def make_sft_data(cfg: SFTConfig, task: Task, task_cfg: TaskConfig,
                   seed: int, *, source: records.JsonlSource | None = None,
-                  stage2_source: records.JsonlSource | None = None
-                  ) -> SFTData:
+                  stage2_source: records.JsonlSource | None = None,
+                  vision: VisionConfig | None = None) -> SFTData:
   """Packed batches of `sft.batch_size` rows of `sft.seq_len` positions.
 
   With `sft.train_path`: its records (prompt + response, or chat messages;
@@ -169,7 +178,8 @@ def make_sft_data(cfg: SFTConfig, task: Task, task_cfg: TaskConfig,
             system_prompt=task_cfg.system_prompt))
   pack = lambda src, fn: PackedBatches(
       src, fn, n_rows=cfg.batch_size, row_len=cfg.seq_len,
-      pad_id=task.tokenizer.pad_id, seed=seed, truncate=cfg.truncate)
+      pad_id=task.tokenizer.pad_id, seed=seed, truncate=cfg.truncate,
+      images=image_slots(vision))
   stage2 = stage2_report = None
   if cfg.stage2_train_path:
     stage2_source = (stage2_source if stage2_source is not None else
@@ -190,10 +200,23 @@ def make_sft_data(cfg: SFTConfig, task: Task, task_cfg: TaskConfig,
   return SFTData(pack(source, to_example), report, stage2, stage2_report)
 
 
-def _pair_example(pair: tuple[list[int], list[int]]) -> sft_data.SFTExample:
-  return sft_data.pair_example(pair[0], pair[1])
+def _pair_example(pair: tuple[list[int], list[int], Any]
+                  ) -> sft_data.SFTExample:
+  return sft_data.pair_example(pair[0], pair[1], pixels=pair[2])
+
+
+def image_slots(vision: VisionConfig | None) -> sft_data.ImageSlots | None:
+  """The packed rows' image slots of a vision model (None for text)."""
+  if vision is None:
+    return None
+  return sft_data.ImageSlots(vision.max_images, (
+      vision.image_size, vision.image_size, vision.channels))
 
 
 def token_rows(rows: dict[str, np.ndarray]) -> TokenRows:
-  """`PackedBatches` rows as the model's `TokenRows`."""
-  return TokenRows(**{f"{k}_RxT": rows[k] for k in sft_data.ROW_KEYS})
+  """`PackedBatches` rows as the model's `TokenRows` (with their image
+  slots, for a vision model's rows)."""
+  images = (RowImages(rows["pixels"], rows["image_mask"])
+            if "pixels" in rows else None)
+  return TokenRows(**{f"{k}_RxT": rows[k] for k in sft_data.ROW_KEYS},
+                   images=images)

@@ -113,3 +113,23 @@ def test_the_readme_table_is_the_json_of_the_aot_runs():
       "| Qwen2.5-7B `:128k` | `v5p:4x4x8` (128 x 95 GB) | "
       "`data=1,fsdp=8,context=4,tensor=4` | 131072 | "
       "4.9 / **96.2 (out of HBM)** | 11.7 | 18.6 | 67.3 | **does not fit** |")
+
+
+@pytest.mark.slow
+def test_a_vision_models_train_step_compiles_for_a_tpu_with_its_images():
+  devices = aot.topology_devices("v5e:2x2")
+  config = load_config(os.path.join(ROOT, "experiments", "vision_tiny.py"),
+                       ["model.attention=splash", "rl.train_len_buckets=(64,)",
+                        "rl.minibatch_prompts=4"])
+  sharder = Sharder(make_mesh(to_dataclass(MeshConfig, config.mesh, "mesh"),
+                              devices),
+                    rules_from_config(config.sharding.rules))
+  fn, args = plan.main_job_functions(config, sharder)["rl_train_step_T64"]
+  images = args[1][0].rows.images  # (state, (minibatch, flag))
+  v = config.model.vision
+  assert images.pixels_BxIxHxWxC.shape[1:] == (
+      v.max_images, v.image_size, v.image_size, v.channels)
+  memory = aot.compile_for_topology(fn, args).memory_analysis()
+  # The pixels are an argument of the step on every chip.
+  assert memory.argument_size_in_bytes > (
+      images.pixels_BxIxHxWxC.size * 4 // len(devices))

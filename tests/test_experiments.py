@@ -38,11 +38,12 @@ EXPERIMENTS = sorted(
     and os.path.basename(p) not in NOT_EXPERIMENTS)
 TINY = os.path.join(ROOT, "experiments", "tiny.py")
 LONG2SHORT = os.path.join(ROOT, "experiments", "long2short_tiny.py")
+VISION = os.path.join(ROOT, "experiments", "vision_tiny.py")
 QWEN_7B = os.path.join(ROOT, "experiments", "qwen2_5_7b.py")
 QWEN_1_5B = os.path.join(ROOT, "experiments", "qwen2_5_1_5b.py")
 # Every experiment and its tiny variant ("path:tiny"; tiny.py and the
-# tiny-sized long2short experiment are their own).
-SCALED = [p for p in EXPERIMENTS if p not in (TINY, LONG2SHORT)]
+# tiny-sized long2short and vision experiments are their own).
+SCALED = [p for p in EXPERIMENTS if p not in (TINY, LONG2SHORT, VISION)]
 VARIANTS = EXPERIMENTS + [p + ":tiny" for p in SCALED] + [QWEN_7B + ":128k"]
 # The real path at toy sizes: its model comes from init_from_hf.
 SMOKE = [p + ":cpu_smoke" for p in SCALED]
@@ -70,6 +71,11 @@ def test_config_has_tiny_layout_and_validates(path):
   got = _keys(config)
   # The task section depends on the task; every other key is read by the run.
   reference.pop("task"), got.pop("task")
+  # A vision experiment's model has a vision tower (typed below).
+  if "vision" in got["model"]:
+    got["model"].discard("vision")
+    assert to_dataclass(ModelConfig, config.model,
+                        "model").vision.tokens_per_image > 0
   # A long2short experiment adds its own sections (typed and checked there).
   if any(k in got for k in l2s_config.SECTIONS):
     l2s_config.check_long2short(l2s_config.l2s_config(config),

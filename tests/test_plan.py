@@ -203,3 +203,28 @@ def test_launch_names_the_missing_device_count():
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert out.returncode == 1
   assert "--num_devices" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_plan_counts_the_vision_tower():
+  # A hand count of the tower's activations on a 2-way batch split: 4 rows
+  # x 2 image slots = 8 images, 4 per device, of 16 patches (16 px, 4 px
+  # patches), width 8, MLP 16, 2 heads; float32.
+  vision = dict(image_size=16, patch_size=4, d_model=8, n_layers=3,
+                n_heads=2, mlp_dim=16, image_token_id=1, pool=2,
+                max_images=2)
+  cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2,
+                    n_kv_heads=1, head_dim=8, mlp_dim=32, max_seq_len=64,
+                    vision=vision)
+  sharder = Sharder(plan.abstract_mesh(dict(data=2, fsdp=1, tensor=1)))
+  n, p = 4, 16
+  x = n * p * 8 * 4
+  layer = 6 * x + 2 * n * p * 16 * 4 + 2 * n * 2 * p * p * 4
+  projector = 2 * n * 4 * 32 * 4  # Q = 4 tokens of width 8 x 2 x 2
+  assert plan.vision_activation_estimate(cfg.vision, sharder, rows=4) == (
+      3 * (x + layer) + layer + projector)
+  text = dataclasses.replace(cfg, vision=None)
+  with_tower = plan.activation_estimate(cfg, sharder, rows=4, length=16)
+  without = plan.activation_estimate(text, sharder, rows=4, length=16)
+  assert with_tower.total - without.total == with_tower.vision > 0
+  # And the plan's parameters include the tower's.
+  assert transformer.param_shapes(cfg).keys() >= {"vision", "projector"}

@@ -5,11 +5,17 @@ packed rows keep each sequence's images; the sharded forward equals one
 device."""
 
 import dataclasses
+import json
+import os
+import re
 
 import jax
 import numpy as np
 import pytest
 
+from kimi_jax import job as job_lib
+from kimi_jax.config import ConfigError, load_config
+from kimi_jax.experiment import parse_config
 from kimi_jax.model import logprobs, transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sampler import handoff
@@ -178,3 +184,39 @@ def test_vision_forward_on_a_mesh_equals_one_device(params):
       lambda p, r: logprobs.rows_logprobs(p, r, cfg=CFG, sharder=sharder))(
           sharded, jax.device_put(rows, batch_shardings(sharder, rows)))
   np.testing.assert_allclose(np.asarray(on_mesh), host, atol=2e-5)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VISION_TINY = os.path.join(ROOT, "experiments", "vision_tiny.py")
+TINY = os.path.join(ROOT, "experiments", "tiny.py")
+
+
+@pytest.mark.parametrize("override,needle", [
+    ({"model.vision.patch_size": 8}, "model.vision.tokens_per_image is 4"),
+    ({"model.vision.image_token_id": 3}, "model.vision.image_token_id is 3"),
+    ({"task.image_size": 64}, "model.vision.image_size is 32"),
+])
+def test_an_image_task_needs_a_matching_vision_tower(override, needle):
+  with pytest.raises(ConfigError, match=re.escape(needle)):
+    parse_config(load_config(VISION_TINY + ":micro", override))
+  text_model = load_config(TINY + ":micro")
+  with text_model.unlocked():
+    text_model.task.image_fraction = 0.5
+  with pytest.raises(ConfigError, match="config.model.vision"):
+    parse_config(text_model)
+
+
+@pytest.mark.slow
+def test_vision_tiny_micro_runs_end_to_end(tmp_path):
+  # Warm start and RL with half the problems shown as images: the job
+  # trains, samples and evaluates image prompts, and reports pass@1 of the
+  # image and the text problems apart.
+  config = load_config(VISION_TINY + ":micro")
+  job_lib.train_and_evaluate(config, str(tmp_path))
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  evals = [r for r in rows if r["stage"] == "eval"]
+  assert evals and set(evals[-1]["pass_at_1_by_task"]) == {"image", "text"}
+  trained = [r for r in rows if r["stage"] == "rl" and "loss" in r]
+  assert trained and all(np.isfinite(r["loss"]) for r in trained)
+  sft = [r for r in rows if r["stage"] == "sft"]
+  assert sft and np.isfinite(sft[-1]["loss"])

@@ -63,8 +63,22 @@ class PointerChaseConfig:
   cot_style: str = "plain"
   detour_rate: float = 0.0
   max_detours: int = 0
+  # Vision (report 2.3.5, text-rendered data): this share of the problems,
+  # train and held out, is shown as an image of "x cN" (32 px by default)
+  # instead of text; the prompt is then `image_tokens` placeholders (the
+  # model's vision.tokens_per_image) and "=". 0: a text-only task.
+  image_fraction: float = 0.0
+  image_size: int = 32
+  image_tokens: int = 16
 
   def __post_init__(self):
+    if not 0.0 <= self.image_fraction <= 1.0:
+      raise ValueError(f"task.image_fraction must be in [0, 1], got "
+                       f"{self.image_fraction}")
+    if self.image_size < 32 or self.image_tokens < 1:
+      raise ValueError(f"task.image_size must be >= 32 and "
+                       f"task.image_tokens >= 1, got {self.image_size}, "
+                       f"{self.image_tokens}")
     if self.name != "pointer_chase":
       raise ValueError(f"task.name: unknown task {self.name!r}")
     if not 1 <= self.min_steps <= self.max_steps <= MAX_STEPS:
@@ -108,10 +122,16 @@ def counter(c: int) -> str:
   return f"c{c}"
 
 
-def tokenizer(cot_style: str = "plain") -> WordTokenizer:
-  """The task's words; the detour style adds `!` at the end, so the ids of
-  the other words are the same in both styles."""
-  extra = (RETRY,) if cot_style == "detours" else ()
+IMAGE_WORD = "<image>"
+
+
+def tokenizer(cot_style: str = "plain", images: bool = False
+              ) -> WordTokenizer:
+  """The task's words; the detour style adds `!` and a vision task the image
+  placeholder at the end, so the ids of the other words are the same in
+  every variant."""
+  extra = ((RETRY,) if cot_style == "detours" else ()) + (
+      (IMAGE_WORD,) if images else ())
   return WordTokenizer(("=", ";", ">") + tuple(counter(c) for c in range(
       MAX_STEPS + 1)) + tuple(state(s) for s in range(N_STATES)) + extra)
 
@@ -225,10 +245,24 @@ def warmstart_texts(records: list[dict], cfg: PointerChaseConfig, seed: int,
     r = pool[i % len(pool)]
     direct = rng.random() < cfg.direct_fraction
     if direct:
-      out.append((r["prompt"], direct_solution(r)))
+      solution = direct_solution(r)
     elif cfg.cot_style == "detours":
-      out.append((r["prompt"], cot_solution(
-          r, perm, draw_detours(r, perm, cfg, rng))))
+      solution = cot_solution(r, perm, draw_detours(r, perm, cfg, rng))
     else:
-      out.append((r["prompt"], cot_solution(r, perm)))
+      solution = cot_solution(r, perm)
+    # An image problem's pixels come along (its prompt tokens need them).
+    out.append((r["prompt"], solution) + (
+        (r["pixels"],) if "pixels" in r else ()))
   return out
+
+
+def shown_as_image(x: int, n: int, seed: int, fraction: float) -> bool:
+  """Whether problem (x, n) is an image problem: a fixed hash, so the same
+  problems are images in every run of a seed."""
+  h = hashlib.sha256(f"image:{seed}:{x}:{n}".encode()).digest()
+  return int.from_bytes(h[:4], "little") / 2**32 < fraction
+
+
+def image_text(record: Mapping[str, Any]) -> str:
+  """What an image problem's picture shows: the prompt without its "="."""
+  return f"{state(record['x'])} {counter(record['n'])}"

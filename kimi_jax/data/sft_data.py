@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import grain
 import numpy as np
@@ -44,6 +44,9 @@ class SFTExample:
   tokens_N: np.ndarray
   loss_N: np.ndarray
   where: str = ""
+  # A vision model's prompt images (n x H x W x C pixels), in the order of
+  # the tokens' placeholder runs; None for text.
+  pixels: np.ndarray | None = None
 
   def __post_init__(self):
     if self.tokens_N.shape != self.loss_N.shape or self.tokens_N.ndim != 1:
@@ -129,12 +132,13 @@ def tokenize_record(record: Mapping[str, Any], tokenizer: HFTokenizer,
 
 
 def pair_example(prompt_ids: Sequence[int], response_ids: Sequence[int],
-                 where: str = "") -> SFTExample:
+                 where: str = "", pixels: np.ndarray | None = None
+                 ) -> SFTExample:
   """An already tokenized (prompt, response) pair; loss on the response
   (which should end with the stop token the model is to learn)."""
   tokens = np.asarray(list(prompt_ids) + list(response_ids), np.int32)
   loss = np.arange(len(tokens)) >= len(prompt_ids)
-  return SFTExample(tokens, loss, where)
+  return SFTExample(tokens, loss, where, pixels)
 
 
 def hf_example_fn(tokenizer: HFTokenizer, cfg: SFTTokenizeConfig
@@ -155,20 +159,30 @@ def fit_to_row(example: SFTExample, row_len: int, truncate: bool
         f"{example.n_positions} positions, more than a row's {row_len} "
         f"(sft.seq_len); raise sft.seq_len, shorten the example, or set "
         f"sft.truncate=True")
-  return SFTExample(example.tokens_N[:row_len + 1],
-                    example.loss_N[:row_len + 1], example.where)
+  # Images stay: placeholders past the cut only leave an image unused.
+  return dataclasses.replace(example, tokens_N=example.tokens_N[:row_len + 1],
+                             loss_N=example.loss_N[:row_len + 1])
 
 
 def pack_rows(examples: Iterable[SFTExample], n_rows: int, row_len: int,
-              pad_id: int) -> tuple[dict[str, np.ndarray], int]:
+              pad_id: int, images: ImageSlots | None = None
+              ) -> tuple[dict[str, np.ndarray], int]:
   """First-fit packing of examples, in order, into `n_rows` rows.
 
   Each example goes into the first row with room for it; packing stops at
   the first example that fits no row (it starts the next batch). Returns
   the rows {tokens, targets, positions, segment_ids, mask}, each [R, T]
   (mask float32: 1 on targets that count), and how many examples were used.
-  Every example must already fit a row (`fit_to_row`).
+  Every example must already fit a row (`fit_to_row`). With `images` a row
+  also has image slots, filled in packing order ("pixels" R x I x H x W x
+  C, "image_mask" R x I), and an example needs room there too.
   """
+  slots = 0 if images is None else images.slots
+  pixels = image_mask = None
+  if images is not None:
+    pixels = np.zeros((n_rows, slots) + tuple(images.like), np.float32)
+    image_mask = np.zeros((n_rows, slots), bool)
+  slots_R = np.zeros(n_rows, np.int64)
   tokens = np.full((n_rows, row_len), pad_id, np.int32)
   targets = np.full((n_rows, row_len), pad_id, np.int32)
   positions = np.zeros((n_rows, row_len), np.int32)
@@ -182,10 +196,18 @@ def pack_rows(examples: Iterable[SFTExample], n_rows: int, row_len: int,
     if n > row_len:
       raise DataError(f"{example.where}: {n} positions exceed the row length "
                       f"{row_len}; pass it through fit_to_row first")
-    room = np.flatnonzero(used_R + n <= row_len)
+    k = 0 if example.pixels is None else len(example.pixels)
+    if k > slots:
+      raise DataError(f"{example.where}: {k} images, more than a row's "
+                      f"{slots} image slots (model.vision.max_images)")
+    room = np.flatnonzero((used_R + n <= row_len) & (slots_R + k <= slots))
     if not len(room):
       break
     r, start = room[0], used_R[room[0]]
+    if k:
+      pixels[r, slots_R[r]:slots_R[r] + k] = example.pixels
+      image_mask[r, slots_R[r]:slots_R[r] + k] = True
+      slots_R[r] += k
     span = slice(start, start + n)
     segments_R[r] += 1
     tokens[r, span] = example.tokens_N[:-1]
@@ -195,8 +217,19 @@ def pack_rows(examples: Iterable[SFTExample], n_rows: int, row_len: int,
     mask[r, span] = example.loss_N[1:]
     used_R[r] += n
     placed += 1
-  return dict(tokens=tokens, targets=targets, positions=positions,
-              segment_ids=segment_ids, mask=mask), placed
+  rows = dict(tokens=tokens, targets=targets, positions=positions,
+              segment_ids=segment_ids, mask=mask)
+  if images is not None:
+    rows.update(pixels=pixels, image_mask=image_mask)
+  return rows, placed
+
+
+class ImageSlots(NamedTuple):
+  """A vision model's image slots per packed row (`slots`) and one image's
+  (H, W, C) (`like`)."""
+
+  slots: int
+  like: tuple[int, int, int]
 
 
 class PackedBatches:
@@ -214,12 +247,14 @@ class PackedBatches:
 
   def __init__(self, source: Any,
                to_example: Callable[[Any], SFTExample], *, n_rows: int,
-               row_len: int, pad_id: int, seed: int, truncate: bool = False):
+               row_len: int, pad_id: int, seed: int, truncate: bool = False,
+               images: ImageSlots | None = None):
     if n_rows <= 0 or row_len <= 0:
       raise ValueError(f"n_rows and row_len must be positive, got {n_rows}, "
                        f"{row_len}")
     self.source, self.seed, self.size = source, int(seed), len(source)
     self.n_rows, self.row_len, self.pad_id = n_rows, row_len, pad_id
+    self.images = images
     self._examples = shuffled(source, self.seed).map(
         lambda r: fit_to_row(to_example(r), row_len, truncate))
     self.position = 0
@@ -232,7 +267,7 @@ class PackedBatches:
     # position); read them lazily, one at a time, until one does not fit.
     examples = _LazyStream(self._examples, self.position)
     rows, placed = pack_rows(examples, self.n_rows, self.row_len,
-                             self.pad_id)
+                             self.pad_id, self.images)
     self.position += placed
     return rows
 

@@ -124,14 +124,40 @@ class Task:
       default_factory=dict)
 
 
+def _with_image(record: dict, cfg: pointer_chase.PointerChaseConfig,
+                seed: int) -> dict:
+  """A pointer-chase record, shown as an image when the task says so: its
+  pixels, and "image" / "text" as its first tag (pass@1 by task)."""
+  from kimi_jax.data import images, visual_tasks
+  if not cfg.image_fraction:
+    return record
+  if not pointer_chase.shown_as_image(record["x"], record["n"], seed,
+                                      cfg.image_fraction):
+    return dict(record, tags=["text"])
+  drawn = visual_tasks.render_text(pointer_chase.image_text(record),
+                                   cfg.image_size)
+  pixels = images.to_pixels(drawn, cfg.image_size, 3, where=record["id"])
+  return dict(record, tags=["image"], pixels=pixels[None])
+
+
 def _pointer_chase_task(cfg: pointer_chase.PointerChaseConfig, seed: int,
                         warmstart_size: int) -> Task:
   train, held = pointer_chase.make_problems(cfg, seed)
-  tok = pointer_chase.tokenizer(cfg.cot_style)
+  train = [_with_image(r, cfg, seed) for r in train]
+  held = [_with_image(r, cfg, seed) for r in held]
+  tok = pointer_chase.tokenizer(cfg.cot_style, images=cfg.image_fraction > 0)
+
+  def encode_prompt(r: Mapping[str, Any]) -> list[int]:
+    if prompt_images(r) is None:
+      return [tok.bos_id] + tok.encode(r["prompt"])
+    # The picture shows "x cN"; the model reads it and goes on from "=".
+    return ([tok.bos_id] + tok.encode(pointer_chase.IMAGE_WORD) *
+            cfg.image_tokens + tok.encode("="))
+
   return Task(
       name=cfg.name, train=train, eval=held,
       reward=pointer_chase.PointerChaseReward(), tokenizer=tok,
-      encode_prompt=lambda r: [tok.bos_id] + tok.encode(r["prompt"]),
+      encode_prompt=encode_prompt,
       warmstart=lambda s: pointer_chase.warmstart_texts(train, cfg, s,
                                                         warmstart_size))
 

@@ -170,7 +170,7 @@ def sft_policy(config: ml_collections.ConfigDict, workdir: str,
   if texts is not None:
     task = dataclasses.replace(job.task, warmstart=lambda seed: texts)
     job = dataclasses.replace(job, task=task, sft_data=sft_lib.make_sft_data(
-        cfg.sft, task, cfg.task, cfg.seed))
+        cfg.sft, task, cfg.task, cfg.seed, vision=cfg.model.vision))
   optimizer = job_lib.sft_optimizer(cfg)
   shardings = ts.state_shardings(optimizer, cfg.model, job.sharder)
   state = ts.create_state(params, optimizer, shardings)

@@ -120,4 +120,23 @@ def count_params(cfg: ModelConfig) -> int:
     attn += h * hd + 2 * k * hd
   per_layer = attn + 3 * d * f + 2 * d
   embed = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
-  return cfg.n_layers * per_layer + embed + d
+  return cfg.n_layers * per_layer + embed + d + count_vision_params(cfg)
+
+
+def count_vision_params(cfg: ModelConfig) -> int:
+  """Parameters of the vision tower and projector (0 without vision)."""
+  if cfg.vision is None:
+    return 0
+  import math
+  from kimi_jax.vision import projector, tower
+  shapes = (list(_leaves(tower.param_shapes(cfg.vision))) +
+            list(_leaves(projector.param_shapes(cfg.vision))))
+  return sum(math.prod(s) for s in shapes)
+
+
+def _leaves(tree: Mapping[str, Any]):
+  for value in tree.values():
+    if isinstance(value, Mapping):
+      yield from _leaves(value)
+    else:
+      yield value
