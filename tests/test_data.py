@@ -76,7 +76,7 @@ def test_task_warmstart_pairs_are_packed_with_loss_on_the_solution():
   rows = next(data.batches)
   pairs = sft.warmstart_pairs(task.warmstart(0), task.tokenizer,
                               task.encode_prompt)
-  by_tokens = {tuple(p + s): len(p) for p, s in pairs}
+  by_tokens = {tuple(p + s): len(p) for p, s, _ in pairs}
   seen = 0
   for r in range(cfg.batch_size):
     segments = rows["segment_ids"][r]

@@ -66,7 +66,8 @@ class PointerChaseConfig:
   # Vision (report 2.3.5, text-rendered data): this share of the problems,
   # train and held out, is shown as an image of "x cN" (32 px by default)
   # instead of text; the prompt is then `image_tokens` placeholders (the
-  # model's vision.tokens_per_image) and "=". 0: a text-only task.
+  # model's vision.tokens_per_image), and a warm-start solution first
+  # writes out what the picture says ("x cN ="). 0: a text-only task.
   image_fraction: float = 0.0
   image_size: int = 32
   image_tokens: int = 16
@@ -250,9 +251,13 @@ def warmstart_texts(records: list[dict], cfg: PointerChaseConfig, seed: int,
       solution = cot_solution(r, perm, draw_detours(r, perm, cfg, rng))
     else:
       solution = cot_solution(r, perm)
-    # An image problem's pixels come along (its prompt tokens need them).
-    out.append((r["prompt"], solution) + (
-        (r["pixels"],) if "pixels" in r else ()))
+    if "pixels" in r:
+      # An image problem's solution first reads the picture out ("37 c5 =",
+      # the text problem's prompt), then solves it: reading is learned from
+      # every warm-start image. Its pixels come along for the prompt.
+      out.append((r["prompt"], f"{r['prompt']} {solution}", r["pixels"]))
+    else:
+      out.append((r["prompt"], solution))
   return out
 
 
@@ -264,5 +269,6 @@ def shown_as_image(x: int, n: int, seed: int, fraction: float) -> bool:
 
 
 def image_text(record: Mapping[str, Any]) -> str:
-  """What an image problem's picture shows: the prompt without its "="."""
+  """What an image problem's picture shows: the text prompt without its
+  "=" (which the response writes after reading the picture out)."""
   return f"{state(record['x'])} {counter(record['n'])}"

@@ -150,9 +150,9 @@ def _pointer_chase_task(cfg: pointer_chase.PointerChaseConfig, seed: int,
   def encode_prompt(r: Mapping[str, Any]) -> list[int]:
     if prompt_images(r) is None:
       return [tok.bos_id] + tok.encode(r["prompt"])
-    # The picture shows "x cN"; the model reads it and goes on from "=".
-    return ([tok.bos_id] + tok.encode(pointer_chase.IMAGE_WORD) *
-            cfg.image_tokens + tok.encode("="))
+    # The picture shows "x cN"; the response reads it out, then solves.
+    return [tok.bos_id] + tok.encode(pointer_chase.IMAGE_WORD) * \
+        cfg.image_tokens
 
   return Task(
       name=cfg.name, train=train, eval=held,
