@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -274,6 +274,26 @@ def tree_param_shardings(sharder: Sharder, abstract_tree: Any,
   ]
   return jax.tree_util.tree_unflatten(
       jax.tree_util.tree_structure(abstract_tree), shardings)
+
+
+def init_shardings(init_fn: Callable[[jax.Array], Any], logical_tree: Any,
+                   sharder: Sharder) -> Any:
+  """The shardings of what `init_fn(key)` creates (a parameter pytree with
+  `logical_tree`'s axis names), from its shapes alone."""
+  abstract = jax.eval_shape(lambda: init_fn(jax.random.key(0)))
+  return tree_param_shardings(sharder, abstract, logical_tree)
+
+
+def init_sharded(init_fn: Callable[[jax.Array], Any], logical_tree: Any,
+                 sharder: Sharder, seed: int) -> Any:
+  """`init_fn(jax.random.key(seed))` with every parameter created directly
+  in its sharding, the key made inside the jitted init: no device ever
+  holds all of it."""
+  shardings = init_shardings(init_fn, logical_tree, sharder)
+  seed_array = jax.device_put(np.asarray(seed, np.uint32),
+                              sharder.replicated())
+  return jax.jit(lambda s: init_fn(jax.random.key(s)),
+                 out_shardings=shardings)(seed_array)
 
 
 def rules_from_config(rules: Iterable[Sequence[Any]]) -> tuple:

@@ -147,10 +147,18 @@ def model_config_from_hf(path: str) -> ModelConfig:
   Raises HFCheckpointError naming the file (and key) when config.json is
   missing, not JSON, or describes a model we do not implement.
   """
+  raw = read_config_json(path, "init_from_hf must name a Hugging Face "
+                              "model directory")
+  return config_from_hf(raw, source=os.path.join(path, CONFIG_FILE))
+
+
+def read_config_json(path: str, expected: str) -> dict[str, Any]:
+  """The JSON object in `path`/config.json; raises HFCheckpointError naming
+  the file when it is missing (`expected` says what should be there), not
+  JSON, or not an object."""
   config_path = os.path.join(path, CONFIG_FILE)
   if not os.path.isfile(config_path):
-    raise HFCheckpointError(f"{config_path}: not found; init_from_hf must "
-                            f"name a Hugging Face model directory")
+    raise HFCheckpointError(f"{config_path}: not found; {expected}")
   with open(config_path) as f:
     try:
       raw = json.load(f)
@@ -159,7 +167,7 @@ def model_config_from_hf(path: str) -> ModelConfig:
                               ) from None
   if not isinstance(raw, dict):
     raise HFCheckpointError(f"{config_path}: expected a JSON object")
-  return config_from_hf(raw, source=config_path)
+  return raw
 
 
 # Fields the run chooses (precision, memory, sequence length); every other

@@ -15,11 +15,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from kimi_jax.model import attention
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.model.projection import project
+from kimi_jax import sharding as sharding_lib
 from kimi_jax.sharding import Sharder, constrain, tree_param_shardings
 from kimi_jax.vision import merge, projector, tower
 
@@ -146,11 +146,9 @@ def init_sharded(cfg: ModelConfig, seed: int, sharder: Sharder,
 
   The key is `jax.random.key(seed)`, made inside the jitted init.
   """
-  shardings = param_shardings(cfg, sharder)
-  seed_array = jax.device_put(np.asarray(seed, np.uint32),
-                              sharder.replicated())
-  init = lambda s: init_params(cfg, jax.random.key(s), std)
-  return jax.jit(init, out_shardings=shardings)(seed_array)
+  return sharding_lib.init_sharded(
+      lambda key: init_params(cfg, key, std), param_logical_axes(cfg),
+      sharder, seed)
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:

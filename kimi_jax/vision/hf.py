@@ -30,6 +30,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from safetensors.numpy import save_file
 
+from kimi_jax.model import hf as model_hf
 from kimi_jax.model.hf import HFCheckpointError, _Reader, _tensor_files
 from kimi_jax.sharding import Sharder, host_to_global
 from kimi_jax.vision import tower
@@ -63,19 +64,8 @@ _ACT = "gelu_pytorch_tanh"
 
 
 def _read_json(path: str) -> dict[str, Any]:
-  config_path = os.path.join(path, CONFIG_FILE)
-  if not os.path.isfile(config_path):
-    raise HFCheckpointError(f"{config_path}: not found; expected a Hugging "
-                            f"Face SigLIP model directory")
-  with open(config_path) as f:
-    try:
-      raw = json.load(f)
-    except json.JSONDecodeError as exc:
-      raise HFCheckpointError(f"{config_path}: not valid JSON ({exc})"
-                              ) from None
-  if not isinstance(raw, dict):
-    raise HFCheckpointError(f"{config_path}: expected a JSON object")
-  return raw
+  return model_hf.read_config_json(
+      path, "expected a Hugging Face SigLIP model directory")
 
 
 def _vision_section(hf_config: Mapping[str, Any], source: str

@@ -19,10 +19,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from kimi_jax.model.projection import project
-from kimi_jax.sharding import Sharder, constrain, tree_param_shardings
+from kimi_jax.sharding import Sharder, constrain, init_shardings
+from kimi_jax.sharding import init_sharded as sharding_init_sharded
 from kimi_jax.vision import tower
 from kimi_jax.vision.config import VisionConfig
 
@@ -54,24 +54,17 @@ def init_params(cfg: VisionConfig, rng: jax.Array, std: float = 0.02
           "w2": normal(k2, shapes["w2"]), "b2": jnp.zeros(shapes["b2"], dt)}
 
 
-def abstract_params(cfg: VisionConfig) -> Params:
-  return jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
-
-
 def param_shardings(cfg: VisionConfig, sharder: Sharder) -> Params:
   """NamedShardings of every parameter; raises naming any that can't divide."""
-  return tree_param_shardings(sharder, abstract_params(cfg),
-                              param_logical_axes(cfg))
+  return init_shardings(lambda key: init_params(cfg, key),
+                        param_logical_axes(cfg), sharder)
 
 
 def init_sharded(cfg: VisionConfig, seed: int, sharder: Sharder,
                  std: float = 0.02) -> Params:
-  """Creates params directly in their shardings (see tower.init_sharded)."""
-  shardings = param_shardings(cfg, sharder)
-  seed_array = jax.device_put(np.asarray(seed, np.uint32),
-                              sharder.replicated())
-  init = lambda s: init_params(cfg, jax.random.key(s), std)
-  return jax.jit(init, out_shardings=shardings)(seed_array)
+  """Creates params directly in their shardings: no device holds them all."""
+  return sharding_init_sharded(lambda key: init_params(cfg, key, std),
+                               param_logical_axes(cfg), sharder, seed)
 
 
 def pixel_shuffle(patches_NxPxD: jax.Array, pool: int) -> jax.Array:
