@@ -130,15 +130,18 @@ class SFTData:
 def warmstart_pairs(texts: Sequence[tuple], tokenizer,
                     encode_prompt: Callable[[dict], list[int]]
                     ) -> list[tuple[list[int], list[int], Any]]:
-  """A task's (prompt, solution[, pixels]) warm-start examples as (prompt
-  ids, solution ids + eos, pixels or None); an image prompt's pixels go to
-  `encode_prompt` too, which writes its placeholders."""
+  """A task's (prompt, solution[, pixels[, eos]]) warm-start examples as
+  (prompt ids, solution ids + eos, pixels or None); an image prompt's
+  pixels go to `encode_prompt` too, which writes its placeholders.
+  eos=False (default True) leaves the end-of-sequence out: the example
+  teaches its solution's tokens and nothing about what follows them."""
   out = []
-  for p, s, *pixels in texts:
-    record = {"prompt": p, **({"pixels": pixels[0]} if pixels else {})}
-    out.append((encode_prompt(record),
-                tokenizer.encode(s) + [tokenizer.eos_id],
-                pixels[0] if pixels else None))
+  for p, s, *extra in texts:
+    pixels = extra[0] if extra else None
+    eos = [tokenizer.eos_id] if len(extra) < 2 or extra[1] else []
+    record = {"prompt": p, **({"pixels": pixels} if pixels is not None
+                              else {})}
+    out.append((encode_prompt(record), tokenizer.encode(s) + eos, pixels))
   return out
 
 

@@ -220,3 +220,39 @@ def test_vision_tiny_micro_runs_end_to_end(tmp_path):
   assert trained and all(np.isfinite(r["loss"]) for r in trained)
   sft = [r for r in rows if r["stage"] == "sft"]
   assert sft and np.isfinite(sft[-1]["loss"])
+
+
+def test_image_problems_read_the_picture_out_and_drill_every_picture():
+  from kimi_jax import sft
+  from kimi_jax.data import pointer_chase as pc
+  from kimi_jax.data import tasks, visual_tasks
+  cfg = pc.PointerChaseConfig(image_fraction=0.5, reading_repeats=3)
+  task = tasks.make_task(cfg, seed=0)
+  images = [r for r in task.train if "pixels" in r]
+  # About half the problems, train and held out, are pictures of "x cN".
+  assert 0.4 < len(images) / len(task.train) < 0.6
+  assert any("pixels" in r for r in task.eval)
+  examples = sft.warmstart_pairs(task.warmstart(0), task.tokenizer,
+                                 task.encode_prompt)
+  tok = task.tokenizer
+  placeholder = tok.encode(pc.IMAGE_WORD)[0]
+  drills = [e for e in examples if e[1][-1] != tok.eos_id]
+  # Every train picture is drilled 3 times: the reading alone, no eos.
+  assert len(drills) == 3 * len(images)
+  for prompt, reading, pixels in drills[:20]:
+    assert prompt == [tok.bos_id] + [placeholder] * cfg.image_tokens
+    words = tok.decode(reading).split()
+    assert len(words) == 3 and words[2] == "="
+    # The picture shows exactly what the reading says.
+    drawn = visual_tasks.render_text(" ".join(words[:2]), 32)
+    np.testing.assert_array_equal(pixels[0], drawn / 127.5 - 1.0)
+  # A worked solution of a picture starts by reading it out, then solves.
+  solved = [e for e in examples if e[2] is not None and
+            e[1][-1] == tok.eos_id]
+  assert solved
+  for prompt, solution, pixels in solved[:20]:
+    words = tok.decode(solution).split()
+    assert words[2] == "=" and ">" in words[3:]
+  # Text problems keep their text prompt and no pixels.
+  text = [e for e in examples if e[2] is None]
+  assert text and all(placeholder not in e[0] for e in text)

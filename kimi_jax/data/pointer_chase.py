@@ -67,8 +67,11 @@ class PointerChaseConfig:
   # train and held out, is shown as an image of "x cN" (32 px by default)
   # instead of text; the prompt is then `image_tokens` placeholders (the
   # model's vision.tokens_per_image), and a warm-start solution first
-  # writes out what the picture says ("x cN ="). 0: a text-only task.
+  # writes out what the picture says ("x cN ="); `reading_repeats` reading
+  # drills per train image teach that reading on every picture. 0: a
+  # text-only task.
   image_fraction: float = 0.0
+  reading_repeats: int = 4
   image_size: int = 32
   image_tokens: int = 16
 
@@ -259,6 +262,20 @@ def warmstart_texts(records: list[dict], cfg: PointerChaseConfig, seed: int,
     else:
       out.append((r["prompt"], solution))
   return out
+
+
+def reading_drills(records: Sequence[Mapping[str, Any]], repeats: int
+                   ) -> list[tuple[str, str, Any, bool]]:
+  """For every image problem of `records`, `repeats` warm-start examples
+  that only read the picture out ("37 c5 =", no end-of-sequence, so the
+  loss is on the reading alone and nothing is learned about what follows).
+
+  The warm start's worked solutions cover a `warmstart_fraction` share of
+  the problems (so RL has problems whose answer was never shown); reading
+  has to be learned for every state drawn, so the drills cover them all.
+  Each is (prompt, reading, pixels, eos=False)."""
+  return [(r["prompt"], r["prompt"], r["pixels"], False)
+          for r in records if "pixels" in r for _ in range(repeats)]
 
 
 def shown_as_image(x: int, n: int, seed: int, fraction: float) -> bool:

@@ -158,8 +158,9 @@ def _pointer_chase_task(cfg: pointer_chase.PointerChaseConfig, seed: int,
       name=cfg.name, train=train, eval=held,
       reward=pointer_chase.PointerChaseReward(), tokenizer=tok,
       encode_prompt=encode_prompt,
-      warmstart=lambda s: pointer_chase.warmstart_texts(train, cfg, s,
-                                                        warmstart_size))
+      warmstart=lambda s: pointer_chase.warmstart_texts(
+          train, cfg, s, warmstart_size) + pointer_chase.reading_drills(
+              train, cfg.reading_repeats))
 
 
 # Which fields a row must have, by reward; other rewards read their own.
