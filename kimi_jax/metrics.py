@@ -154,12 +154,31 @@ def plot_curves(records: Sequence[dict], stage: str,
   return path
 
 
+def with_task_keys(records: Sequence[dict], limit: int = 8
+                   ) -> tuple[list[dict], tuple[str, ...]]:
+  """Records with each `pass_at_1_by_task` entry also as a flat key
+  `pass_at_1[task]` (plots take scalars), and those keys: the `limit` tasks
+  seen first, so a set with many tags keeps a readable panel."""
+  keys: list[str] = []
+  out = []
+  for r in records:
+    tasks = r.get("pass_at_1_by_task")
+    if isinstance(tasks, dict):
+      r = dict(r, **{f"pass_at_1[{t}]": v for t, v in tasks.items()})
+      keys += [f"pass_at_1[{t}]" for t in tasks
+               if f"pass_at_1[{t}]" not in keys]
+    out.append(r)
+  return out, tuple(keys[:limit])
+
+
 def plot_run(metrics_path: str, out_dir: str) -> list[str]:
   """rl_curves.png, eval_curves.png and sft_curves.png of a run's JSONL;
   returns the paths written (a stage with no rows has no plot)."""
-  records = read_jsonl(metrics_path)
+  records, by_task = with_task_keys(read_jsonl(metrics_path))
+  eval_panels = EVAL_PANELS + ((("pass@1 by task", by_task),) if by_task
+                               else ())
   plots = (("rl", RL_PANELS, "rl_curves.png", "Kimi k1.5 RL"),
-           ("eval", EVAL_PANELS, "eval_curves.png", "held-out evaluation"),
+           ("eval", eval_panels, "eval_curves.png", "held-out evaluation"),
            ("sft", SFT_PANELS, "sft_curves.png", "warm start"))
   written = [plot_curves(records, stage, panels, os.path.join(out_dir, name),
                          title) for stage, panels, name, title in plots]

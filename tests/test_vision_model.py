@@ -256,3 +256,20 @@ def test_image_problems_read_the_picture_out_and_drill_every_picture():
   # Text problems keep their text prompt and no pixels.
   text = [e for e in examples if e[2] is None]
   assert text and all(placeholder not in e[0] for e in text)
+
+
+def test_eval_plots_get_a_pass_at_1_line_per_task(tmp_path):
+  from kimi_jax import metrics
+  rows = [{"stage": "eval", "step": 0, "pass_at_1": 0.3,
+           "pass_at_1_by_task": {"image": 0.25, "text": 0.375}},
+          {"stage": "rl", "step": 1, "loss": 0.5},
+          {"stage": "eval", "step": 10, "pass_at_1": 0.8,
+           "pass_at_1_by_task": {"image": 0.75, "text": 0.875}}]
+  flat, keys = metrics.with_task_keys(rows)
+  assert keys == ("pass_at_1[image]", "pass_at_1[text]")
+  assert [r.get("pass_at_1[text]") for r in flat] == [0.375, None, 0.875]
+  assert "pass_at_1[image]" not in rows[0]  # the records are not changed
+  path = tmp_path / "metrics.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  written = metrics.plot_run(str(path), str(tmp_path))
+  assert str(tmp_path / "eval_curves.png") in written
