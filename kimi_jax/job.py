@@ -116,7 +116,8 @@ def build(cfg: ExperimentConfig, workdir: str) -> Job:
                  if cfg.sft.steps > 0 and cfg.sft.stage2_train_path else None)
   task = tasks_lib.make_task(
       cfg.task, cfg.seed, hf_tokenizer,
-      max_prompt_tokens=cfg.sampler.cache_len - cfg.rl.max_response_len)
+      max_prompt_tokens=cfg.sampler.cache_len - cfg.rl.max_response_len,
+      vision=cfg.model.vision)
   if task.tokenizer.vocab_size > cfg.model.vocab_size:
     raise ConfigError(f"config.model.vocab_size ({cfg.model.vocab_size}) is "
                       f"smaller than the tokenizer's "

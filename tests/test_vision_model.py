@@ -273,3 +273,49 @@ def test_eval_plots_get_a_pass_at_1_line_per_task(tmp_path):
   path.write_text("".join(json.dumps(r) + "\n" for r in rows))
   written = metrics.plot_run(str(path), str(tmp_path))
   assert str(tmp_path / "eval_curves.png") in written
+
+
+def test_a_jsonl_image_set_loads_with_pixels_and_placeholder_runs(tmp_path):
+  # Generated "count" problems written as JSONL + PNG files, read back as a
+  # vision model's jsonl task: each record has its pixels, and its prompt's
+  # <image> marker becomes a run of tokens_per_image placeholders, the text
+  # around it tokenized as before.
+  from kimi_jax.data import tasks, text_tokenizer, visual_tasks
+  from kimi_jax.model.tokenizer import load_hf_tokenizer
+  from kimi_jax.vision.config import VisionConfig
+  records = visual_tasks.make_visual_records(
+      visual_tasks.VisualTaskConfig(tasks="count", image_size=32), 6)
+  visual_tasks.write_jsonl(records, str(tmp_path / "train.jsonl"),
+                           str(tmp_path / "img"))
+  visual_tasks.write_jsonl(records[:2], str(tmp_path / "eval.jsonl"))
+  pad = "<|image_pad|>"
+  tok_dir = str(tmp_path / "tok")
+  text_tokenizer.save(text_tokenizer.build(
+      [], ("<answer>", "</answer>", pad)), tok_dir)
+  tok = load_hf_tokenizer(tok_dir)
+  image_id = tok.encode(pad)[0]
+  vision = VisionConfig(image_size=32, patch_size=4, d_model=16, n_layers=1,
+                        n_heads=2, mlp_dim=32, lm_d_model=16,
+                        image_token_id=image_id, max_images=1)
+  cfg = tasks.JsonlTaskConfig(
+      name="jsonl", train_path=str(tmp_path / "train.jsonl"),
+      eval_path=str(tmp_path / "eval.jsonl"), reward="math",
+      chat_template=False)
+  task = tasks.make_task(cfg, 0, tok, vision=vision)
+  assert len(task.train) == 6 and len(task.eval) == 2
+  for i, want in enumerate(records):
+    record = task.train[i]
+    assert record["pixels"].shape == (1, 32, 32, 3)
+    np.testing.assert_allclose(record["pixels"][0],
+                               want["images"][0] / 127.5 - 1.0, atol=1e-6)
+    ids = task.encode_prompt(record)
+    run = [j for j, t in enumerate(ids) if t == image_id]
+    assert len(run) == vision.tokens_per_image
+    assert run == list(range(run[0], run[0] + len(run)))  # one run
+    before, after = record["prompt"].split("<image>")
+    assert ids[:run[0]] == tok.encode_with_special_tokens(before)
+    assert ids[run[-1] + 1:] == tok.encode(after)
+  # The same set for a text model: no pixels, the marker stays text.
+  text = tasks.make_task(cfg, 0, tok)
+  assert "pixels" not in text.train[0]
+  assert image_id not in text.encode_prompt(text.train[0])

@@ -39,6 +39,9 @@ class JsonlTaskConfig:
   difficulty_field: str = "difficulty"
   tags_field: str = "tags"
   tests_field: str = "tests"
+  # A vision model's rows: image sources (paths or inline base64), one per
+  # `<image>` marker in the prompt (docs/vision.md).
+  images_field: str = "images"
   # A Hugging Face tokenizer directory (tokenizer.json + tokenizer_config
   # .json) for a model trained from scratch; empty with init_from_hf, whose
   # checkpoint brings its own.
@@ -184,8 +187,35 @@ def prompt_fields(cfg: JsonlTaskConfig) -> records_lib.PromptFields:
       tags=cfg.tags_field, tests=cfg.tests_field)
 
 
+def image_prompt_ids(tokenizer: Any, prompt: str, vision: Any, *,
+                     chat_template: bool, system_prompt: str = "",
+                     marker: str = "<image>") -> list[int]:
+  """`prompt_ids` of a prompt whose `marker`s stand for images: the prompt
+  (through the chat template, if any) is cut at each marker, the pieces
+  tokenized on their own and joined by runs of `vision.tokens_per_image`
+  placeholders (`vision.image_token_id`), as a vision-language processor
+  inserts its image tokens. A prompt without markers gives `prompt_ids`."""
+  from kimi_jax.model.tokenizer import chat_messages, prompt_ids
+  if marker not in prompt:
+    return prompt_ids(tokenizer, prompt, chat_template=chat_template,
+                      system_prompt=system_prompt)
+  if chat_template:
+    text = tokenizer.render_chat(chat_messages(prompt, system_prompt),
+                                 add_generation_prompt=True)
+    first = tokenizer.encode
+  else:
+    text = f"{system_prompt}\n\n{prompt}" if system_prompt else prompt
+    first = tokenizer.encode_with_special_tokens  # BOS, if any, once
+  pieces = text.split(marker)
+  run = [vision.image_token_id] * vision.tokens_per_image
+  out = first(pieces[0])
+  for piece in pieces[1:]:
+    out += run + tokenizer.encode(piece)
+  return out
+
+
 def _jsonl_task(cfg: JsonlTaskConfig, tokenizer: Any,
-                max_prompt_tokens: int | None) -> Task:
+                max_prompt_tokens: int | None, vision: Any = None) -> Task:
   from kimi_jax.model.tokenizer import prompt_ids
   from kimi_jax.rewards import registry
   if tokenizer is None:
@@ -193,9 +223,14 @@ def _jsonl_task(cfg: JsonlTaskConfig, tokenizer: Any,
                      "to a local Hugging Face directory, or task.tokenizer "
                      "to a tokenizer directory")
   fields = prompt_fields(cfg)
-  encode = lambda r: prompt_ids(tokenizer, r["prompt"],
-                                chat_template=cfg.chat_template,
-                                system_prompt=cfg.system_prompt)
+  if vision is None:
+    encode = lambda r: prompt_ids(tokenizer, r["prompt"],
+                                  chat_template=cfg.chat_template,
+                                  system_prompt=cfg.system_prompt)
+  else:
+    encode = lambda r: image_prompt_ids(
+        tokenizer, r["prompt"], vision, chat_template=cfg.chat_template,
+        system_prompt=cfg.system_prompt)
   admit = None
   if max_prompt_tokens is not None:
     def admit(record):
@@ -205,10 +240,19 @@ def _jsonl_task(cfg: JsonlTaskConfig, tokenizer: Any,
             cfg.prompt_field, f"{n} tokens as prompted, more than the "
             f"{max_prompt_tokens} that leave room for a response "
             f"(sampler.cache_len - rl.max_response_len)")
-  train = records_lib.load_prompt_source(
-      cfg.train_path, fields, on_bad_row=cfg.on_bad_row, admit=admit)
-  held = records_lib.load_prompt_source(
-      cfg.eval_path, fields, on_bad_row=cfg.on_bad_row, admit=admit)
+  if vision is None:
+    load = lambda path: records_lib.load_prompt_source(
+        path, fields, on_bad_row=cfg.on_bad_row, admit=admit)
+  else:
+    # Rows may carry images (`task.images_field`, `<image>` markers in the
+    # prompt), checked against the tower at load time; records get pixels.
+    from kimi_jax.data import image_records
+    image_fields = image_records.ImageFields(
+        text=fields, images=cfg.images_field, max_images=vision.max_images,
+        image_size=vision.image_size, channels=vision.channels)
+    load = lambda path: image_records.load_image_source(
+        path, image_fields, on_bad_row=cfg.on_bad_row, admit=admit)
+  train, held = load(cfg.train_path), load(cfg.eval_path)
   return Task(name="jsonl", train=train, eval=held,
               reward=registry.make_reward(verifier_name(cfg.reward)),
               tokenizer=tokenizer, encode_prompt=encode,
@@ -259,11 +303,13 @@ def check_data_config(task: TaskConfig, sft_steps: int,
 
 def make_task(cfg: TaskConfig, seed: int, tokenizer: Any = None,
               warmstart_size: int = 4096,
-              max_prompt_tokens: int | None = None) -> Task:
+              max_prompt_tokens: int | None = None,
+              vision: Any = None) -> Task:
   """The task `cfg` names. max_prompt_tokens: a jsonl prompt longer than
   this once tokenized (chat template included) is a bad row, rejected or
   skipped by `task.on_bad_row` at load time rather than failing in the
-  sampler."""
+  sampler. vision: the policy's `model.vision`; with it a jsonl set's rows
+  may carry images (docs/vision.md)."""
   if isinstance(cfg, pointer_chase.PointerChaseConfig):
     return _pointer_chase_task(cfg, seed, warmstart_size)
-  return _jsonl_task(cfg, tokenizer, max_prompt_tokens)
+  return _jsonl_task(cfg, tokenizer, max_prompt_tokens, vision)
