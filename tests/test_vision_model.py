@@ -319,3 +319,25 @@ def test_a_jsonl_image_set_loads_with_pixels_and_placeholder_runs(tmp_path):
   text = tasks.make_task(cfg, 0, tok)
   assert "pixels" not in text.train[0]
   assert image_id not in text.encode_prompt(text.train[0])
+
+
+@pytest.mark.host_inputs
+def test_a_vision_model_never_samples_its_placeholder(params):
+  # Logits that put almost all mass on the placeholder: the draw (greedy or
+  # not) takes another token, and the log-prob is the full distribution's,
+  # as the trainer computes it.
+  from kimi_jax.sampler.sampling import sample_tokens, stacked_slot_sampling
+  logits = np.zeros((2, 8), np.float32)
+  logits[:, IMG] = 20.0
+  s = stacked_slot_sampling([SamplingParams(seed=1),
+                             SamplingParams(greedy=True)], 2)
+  tokens, logp = sample_tokens(jax.numpy.asarray(logits), s,
+                               np.zeros(2, np.int32), never=IMG)
+  assert IMG not in np.asarray(tokens)
+  full = jax.nn.log_softmax(logits, axis=-1)
+  np.testing.assert_allclose(
+      np.asarray(logp), np.asarray(full)[np.arange(2), np.asarray(tokens)],
+      rtol=1e-6)
+  free, _ = sample_tokens(jax.numpy.asarray(logits), s,
+                          np.zeros(2, np.int32))
+  assert list(np.asarray(free)) == [IMG, IMG]

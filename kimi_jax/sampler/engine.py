@@ -148,6 +148,8 @@ class Engine:
     self.cfg = cfg
     self.engine_cfg = engine_cfg
     self.sharder = sharder
+    # A vision model never samples its image placeholder (see sample_tokens).
+    self._never = None if cfg.vision is None else cfg.vision.image_token_id
     self._decode_params_jit = jax.jit(transformer.to_decode_params)
     self._traces: collections.Counter[str] = collections.Counter()
     self._param_shardings = self._make_param_shardings()
@@ -509,7 +511,7 @@ class Engine:
                                      axis=1)
     last_NxV = transformer.unembed(params, last_Nx1xD, cfg=self.cfg)[:, 0]
     tokens_N, logprobs_N = self._replicated(
-        sample_tokens(last_NxV, sampling_N, first_N))
+        sample_tokens(last_NxV, sampling_N, first_N, self._never))
     return Prefix(k=cache.k, v=cache.v, length=lengths_N, token=tokens_N,
                   logprob=logprobs_N, index=first_N + 1, sampling=sampling_N)
 
@@ -563,7 +565,7 @@ class Engine:
           params, tokens_B, lengths_B, cache, cfg=self.cfg,
           sharder=self.sharder)
       new_B, logprobs_B = sample_tokens(logits_Bx1xV[:, 0], state.sampling,
-                                        index_B)
+                                        index_B, self._never)
       run_B = running_B.astype(jnp.int32)
       stopped_B = jnp.any(stop_BxW == new_B[:, None], axis=1)
       left_B = left_B - run_B

@@ -178,8 +178,8 @@ def truncated_probs(logits_BxV: jax.Array, s: SlotSampling
   return truncate_sorted(sorted_BxV, s), order_BxV
 
 
-def sample_tokens(logits_BxV: jax.Array, s: SlotSampling, index_B: jax.Array
-                  ) -> tuple[jax.Array, jax.Array]:
+def sample_tokens(logits_BxV: jax.Array, s: SlotSampling, index_B: jax.Array,
+                  never: int | None = None) -> tuple[jax.Array, jax.Array]:
   """Draws one token per slot; returns (tokens_B int32, logprobs_B float32).
 
   Inverse-CDF draw over the sorted truncated distribution: the rank is the
@@ -189,8 +189,15 @@ def sample_tokens(logits_BxV: jax.Array, s: SlotSampling, index_B: jax.Array
   one int32-key sort of the values only; the drawn rank's token id is found
   afterwards (`token_of_rank`), the same id top_k's order would give.
   logprobs_B[b] = log_softmax(logits_BxV[b])[tokens_B[b]] (untempered).
+
+  never: a token that is never drawn (a vision model's image placeholder:
+  one in a response would be read as part of an image); the log-probs
+  stay those of the full distribution, which the trainer computes too.
   """
   logits_BxV = logits_BxV.astype(jnp.float32)
+  full_BxV = logits_BxV
+  if never is not None:
+    logits_BxV = logits_BxV.at[:, never].set(-jnp.inf)
   scaled_BxV = logits_BxV / s.temperature[:, None]
   sorted_BxV = sorted_descending(scaled_BxV)
   cdf_BxV = jnp.cumsum(truncate_sorted(sorted_BxV, s), axis=-1)
@@ -200,6 +207,6 @@ def sample_tokens(logits_BxV: jax.Array, s: SlotSampling, index_B: jax.Array
   drawn_B = token_of_rank(scaled_BxV, sorted_BxV, rank_B)
   tokens_B = jnp.where(s.greedy, jnp.argmax(logits_BxV, axis=-1),
                        drawn_B).astype(jnp.int32)
-  logp_BxV = jax.nn.log_softmax(logits_BxV, axis=-1)
+  logp_BxV = jax.nn.log_softmax(full_BxV, axis=-1)
   logprobs_B = jnp.take_along_axis(logp_BxV, tokens_B[:, None], axis=-1)[:, 0]
   return tokens_B, logprobs_B
