@@ -103,6 +103,15 @@ def export_workdir(workdir: str, out: str, *, step: int | None = None,
         params_shardings=jax.tree.map(lambda _: device, abstract))
   finally:
     checkpointer.close()
+  if cfg.vision is not None:
+    # The language model as a Hugging Face directory, the tower beside it as
+    # a SigLIP vision model (`out/vision`); the projector has no standard
+    # Hugging Face format and stays in the checkpoint.
+    from kimi_jax.vision.hf import export_vision_hf
+    export_vision_hf(params["vision"], cfg.vision, os.path.join(out, "vision"))
+    params = {k: v for k, v in params.items()
+              if k not in ("vision", "projector")}
+    cfg = dataclasses.replace(cfg, vision=None)
   hf.export_hf_directory(params, cfg, out, source_dir=source or None,
                          max_shard_bytes=max_shard_bytes)
   return ExportResult(out=out, step=step, model=cfg, source_dir=source)

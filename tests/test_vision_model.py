@@ -220,6 +220,22 @@ def test_vision_tiny_micro_runs_end_to_end(tmp_path):
   assert trained and all(np.isfinite(r["loss"]) for r in trained)
   sft = [r for r in rows if r["stage"] == "sft"]
   assert sft and np.isfinite(sft[-1]["loss"])
+  # The export writes the language model and, beside it, the tower as a
+  # SigLIP vision model with the trained weights.
+  from kimi_jax import export
+  from kimi_jax import workdir as workdir_lib
+  from kimi_jax.vision import hf as vision_hf
+  out = tmp_path / "hf"
+  result = export.export_workdir(str(tmp_path), str(out))
+  assert (out / "config.json").exists() and result.model.vision is None
+  model = parse_config(config).model
+  tower = vision_hf.load_vision_hf(str(out / "vision"), model.vision)
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  trained, _ = workdir_lib.restore_params(
+      str(tmp_path), parse_config(config),
+      jax.tree.map(lambda _: one, transformer.abstract_params(model)))
+  np.testing.assert_array_equal(np.asarray(tower["pos_embed"]),
+                                np.asarray(trained["vision"]["pos_embed"]))
 
 
 def test_image_problems_read_the_picture_out_and_drill_every_picture():
