@@ -349,13 +349,13 @@ def _entries(cfg: ModelConfig) -> list[_Entry]:
   return out
 
 
-def _set_path(tree: dict, path: tuple[str, ...], value: Any) -> None:
+def set_path(tree: dict, path: tuple[str, ...], value: Any) -> None:
   for key in path[:-1]:
     tree = tree.setdefault(key, {})
   tree[path[-1]] = value
 
 
-def _get_path(tree: Mapping, path: tuple[str, ...]) -> Any:
+def get_path(tree: Mapping, path: tuple[str, ...]) -> Any:
   for key in path:
     tree = tree[key]
   return tree
@@ -519,8 +519,8 @@ def load_hf_checkpoint(path: str, *, sharder: Sharder | None = None,
     if cfg.tie_embeddings:
       _check_tied_head(reader, files, cfg)
     for entry in entries:
-      _set_path(params, entry.path, _read_sharded(
-          entry, reader, dtype, _get_path(shardings, entry.path)))
+      set_path(params, entry.path, _read_sharded(
+          entry, reader, dtype, get_path(shardings, entry.path)))
   return cfg, params
 
 
@@ -529,20 +529,28 @@ def load_hf_checkpoint(path: str, *, sharder: Sharder | None = None,
 
 
 def _check_params(params: Params, cfg: ModelConfig) -> None:
-  want = {e.path: e.shape for e in _entries(cfg)}
-  got = {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in
+  check_param_shapes(params, {e.path: e.shape for e in _entries(cfg)},
+                     "params")
+
+
+def check_param_shapes(params: Any, want: Mapping[tuple[str, ...],
+                                                  tuple[int, ...]],
+                       what: str) -> None:
+  """Raises HFCheckpointError unless `params` has exactly the paths of
+  `want`, each with its shape: an export writes nothing half-right."""
+  got = {tuple(k.key for k in path): tuple(np.shape(leaf)) for path, leaf in
          jax.tree_util.tree_flatten_with_path(params)[0]}
   if set(got) != set(want):
     raise HFCheckpointError(
-        f"export: params tree has {sorted(set(got) - set(want))} extra and "
+        f"export: {what} tree has {sorted(set(got) - set(want))} extra and "
         f"{sorted(set(want) - set(got))} missing for this config")
   for p, shape in want.items():
     if got[p] != shape:
-      raise HFCheckpointError(f"export: params{list(p)} has shape {got[p]}, "
-                              f"config expects {shape}")
+      raise HFCheckpointError(f"export: {what}{list(p)} has shape "
+                              f"{got[p]}, config expects {shape}")
 
 
-def _to_host(x: jax.Array) -> np.ndarray:
+def to_host(x: jax.Array) -> np.ndarray:
   """Gathers one (possibly sharded) array to this host."""
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
@@ -569,7 +577,7 @@ def _hf_tensors(params: Params, entries: list[_Entry]
                 ) -> Iterator[tuple[str, np.ndarray]]:
   """(HF name, array) in order, gathering one param at a time."""
   for entry in entries:
-    host = _to_host(_get_path(params, entry.path))
+    host = to_host(get_path(params, entry.path))
     if entry.stacked:
       for i, name in enumerate(entry.hf_names):
         yield name, entry.layout.to_hf(host[i])
@@ -594,7 +602,7 @@ def export_hf_checkpoint(params: Params, cfg: ModelConfig, path: str, *,
   items = []
   for e in entries:
     nbytes = math.prod(e.slice_shape) * np.dtype(
-        _get_path(params, e.path).dtype).itemsize
+        get_path(params, e.path).dtype).itemsize
     items.extend((n, nbytes) for n in e.hf_names)
   groups = _plan_files(items, max_shard_bytes)
   if jax.process_index() != 0:

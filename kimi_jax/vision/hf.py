@@ -27,7 +27,6 @@ from typing import Any, Mapping
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 from safetensors.numpy import save_file
 
 from kimi_jax.model import hf as model_hf
@@ -240,18 +239,6 @@ _IGNORED_PREFIXES = ("text_model.", "logit_scale", "logit_bias", "head.",
 _IGNORED_SUFFIXES = ("position_ids",)
 
 
-def _get(tree: Mapping, path: tuple[str, ...]) -> Any:
-  for key in path:
-    tree = tree[key]
-  return tree
-
-
-def _set(tree: dict, path: tuple[str, ...], value: Any) -> None:
-  for key in path[:-1]:
-    tree = tree.setdefault(key, {})
-  tree[path[-1]] = value
-
-
 # ---------------------------------------------------------------------------
 # Loading
 
@@ -310,7 +297,8 @@ def load_vision_hf(path: str, cfg: VisionConfig, *,
     place = lambda x, entry: jax.device_put(x, device)
   else:
     shardings = tower.param_shardings(cfg, sharder)
-    place = lambda x, entry: host_to_global(x, _get(shardings, entry.path))
+    place = lambda x, entry: host_to_global(
+        x, model_hf.get_path(shardings, entry.path))
   files = _tensor_files(path)
   prefix = _prefix(files, path)
   _check_names({n for e in _ENTRIES for n in e.names(prefix, cfg.n_layers)},
@@ -320,12 +308,12 @@ def load_vision_hf(path: str, cfg: VisionConfig, *,
   with contextlib.ExitStack() as stack:
     reader = _Reader(path, files, stack)
     for entry in _ENTRIES:
-      shape = _get(shapes, entry.path)
+      shape = model_hf.get_path(shapes, entry.path)
       one = shape[1:] if entry.stacked else shape
       parts = [entry.to_ours(reader.read(name, entry.hf_shape(one)), one)
                for name in entry.names(prefix, cfg.n_layers)]
       x = np.stack(parts) if entry.stacked else parts[0]
-      _set(params, entry.path, place(x.astype(dtype), entry))
+      model_hf.set_path(params, entry.path, place(x.astype(dtype), entry))
   return params
 
 
@@ -333,28 +321,12 @@ def load_vision_hf(path: str, cfg: VisionConfig, *,
 # Export
 
 
-def _to_host(x: jax.Array) -> np.ndarray:
-  """Gathers one (possibly sharded) array to this host."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-  return np.asarray(jax.device_get(x))
-
-
 def _check_params(params: tower.Params, cfg: VisionConfig) -> None:
-  want = {tuple(k.key for k in p): tuple(s) for p, s in
-          jax.tree_util.tree_flatten_with_path(
-              tower.param_shapes(cfg),
-              is_leaf=lambda x: isinstance(x, tuple))[0]}
-  got = {tuple(k.key for k in p): tuple(np.shape(x)) for p, x in
-         jax.tree_util.tree_flatten_with_path(params)[0]}
-  if set(got) != set(want):
-    raise HFCheckpointError(
-        f"export: vision params have {sorted(set(got) - set(want))} extra "
-        f"and {sorted(set(want) - set(got))} missing for this config")
-  for p, shape in want.items():
-    if got[p] != shape:
-      raise HFCheckpointError(f"export: vision params{list(p)} has shape "
-                              f"{got[p]}, config expects {shape}")
+  want = jax.tree_util.tree_flatten_with_path(
+      tower.param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))[0]
+  model_hf.check_param_shapes(
+      params, {tuple(k.key for k in p): tuple(s) for p, s in want},
+      "vision params")
 
 
 def export_vision_hf(params: tower.Params, cfg: VisionConfig, out_dir: str
@@ -366,7 +338,7 @@ def export_vision_hf(params: tower.Params, cfg: VisionConfig, out_dir: str
   _check_params(params, cfg)
   tensors = {}
   for entry in _ENTRIES:
-    host = _to_host(_get(params, entry.path))
+    host = model_hf.to_host(model_hf.get_path(params, entry.path))
     names = entry.names(PREFIX, cfg.n_layers)
     for i, name in enumerate(names):
       tensors[name] = entry.to_hf(host[i] if entry.stacked else host)
