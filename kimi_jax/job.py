@@ -40,7 +40,7 @@ from kimi_jax.console import log, progress
 from kimi_jax.data import tasks as tasks_lib
 from kimi_jax.experiment import ExperimentConfig, as_run, parse_config
 from kimi_jax.model import transformer
-from kimi_jax.token_rows import empty_rows
+from kimi_jax.token_rows import empty_rows, image_slots
 from kimi_jax.rl.evaluation import Evaluator
 from kimi_jax.rl.learner import Learner
 from kimi_jax.rl.loop import RLLoop
@@ -230,7 +230,8 @@ def run_sft(job: Job, state: ts.TrainState, start_step: int,
     if data.stage2 is not None:
       data.stage2.set_state(stage2_state)
   rows_sh = batch_shardings(job.sharder, empty_rows(
-      cfg.sft.batch_size, cfg.sft.seq_len, job.task.tokenizer.pad_id))
+      cfg.sft.batch_size, cfg.sft.seq_len, job.task.tokenizer.pad_id,
+      image_slots(cfg.model.vision)))
   loss_fn = lambda p, rows: ts.cross_entropy_loss(p, rows, cfg=cfg.model,
                                                   sharder=job.sharder)
   step_fn, counter = ts.jit_train_step(loss_fn, optimizer, shardings,

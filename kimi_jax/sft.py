@@ -21,7 +21,7 @@ from kimi_jax.data import records, sft_data
 from kimi_jax.data.records import LoadReport
 from kimi_jax.data.sft_data import PackedBatches
 from kimi_jax.data.tasks import JsonlTaskConfig, Task, TaskConfig
-from kimi_jax.token_rows import TokenRows
+from kimi_jax.token_rows import TokenRows, image_slots
 from kimi_jax.train_step import OptimizerConfig
 from kimi_jax.vision.config import VisionConfig
 from kimi_jax.vision.merge import RowImages
@@ -206,14 +206,6 @@ def make_sft_data(cfg: SFTConfig, task: Task, task_cfg: TaskConfig,
 def _pair_example(pair: tuple[list[int], list[int], Any]
                   ) -> sft_data.SFTExample:
   return sft_data.pair_example(pair[0], pair[1], pixels=pair[2])
-
-
-def image_slots(vision: VisionConfig | None) -> sft_data.ImageSlots | None:
-  """The packed rows' image slots of a vision model (None for text)."""
-  if vision is None:
-    return None
-  return sft_data.ImageSlots(vision.max_images, (
-      vision.image_size, vision.image_size, vision.channels))
 
 
 def token_rows(rows: dict[str, np.ndarray]) -> TokenRows:

@@ -6,9 +6,12 @@ is trained to predict `targets` (the next token) where `mask` is 1.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import flax.struct
 import numpy as np
 
+from kimi_jax.vision.config import VisionConfig
 from kimi_jax.vision.merge import RowImages
 
 
@@ -37,17 +40,46 @@ class TokenRows:
     return tuple(self.tokens_RxT.shape)
 
 
+class ImageSlots(NamedTuple):
+  """A vision model's rows carry `slots` images each, of shape `like`
+  (H, W, C)."""
+
+  slots: int
+  like: tuple[int, int, int]
+
+  def empty(self, R: int) -> RowImages:
+    """Host image slots of R rows, all empty."""
+    return RowImages(np.zeros((R, self.slots) + tuple(self.like), np.float32),
+                     np.zeros((R, self.slots), bool))
+
+
+def image_slots(vision: VisionConfig | None) -> ImageSlots | None:
+  """The rows' image slots of a model with `model.vision` (None: text)."""
+  if vision is None:
+    return None
+  return ImageSlots(vision.max_images, (vision.image_size, vision.image_size,
+                                        vision.channels))
+
+
+def put_images(images: RowImages, row: int, start: int,
+               pixels_NxHxWxC: np.ndarray) -> int:
+  """Writes N images into `row`'s slots from `start` (host arrays); returns
+  the next free slot. Rows take their images in the order their
+  placeholder runs come, which is the order they are put here."""
+  end = start + len(pixels_NxHxWxC)
+  images.pixels_BxIxHxWxC[row, start:end] = pixels_NxHxWxC
+  images.mask_BxI[row, start:end] = True
+  return end
+
+
 def empty_rows(R: int, T: int, pad_id: int,
-               image_like: tuple[int, int, int] | None = None,
-               image_slots: int = 0) -> TokenRows:
-  """All-padding host rows, to be filled in; with `image_like` (one image's
-  H, W, C) each row has `image_slots` empty image slots."""
-  images = None if image_like is None else RowImages(
-      np.zeros((R, image_slots) + tuple(image_like), np.float32),
-      np.zeros((R, image_slots), bool))
+               images: ImageSlots | None = None) -> TokenRows:
+  """All-padding host rows, to be filled in, with empty image slots when
+  `images` says the rows carry some."""
   return TokenRows(
       tokens_RxT=np.full((R, T), pad_id, np.int32),
       targets_RxT=np.full((R, T), pad_id, np.int32),
       positions_RxT=np.zeros((R, T), np.int32),
       segment_ids_RxT=np.zeros((R, T), np.int32),
-      mask_RxT=np.zeros((R, T), np.float32), images=images)
+      mask_RxT=np.zeros((R, T), np.float32),
+      images=None if images is None else images.empty(R))

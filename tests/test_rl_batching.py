@@ -12,6 +12,7 @@ from kimi_jax.model.config import ModelConfig
 from kimi_jax.model.transformer import forward, init_params, token_logprobs
 from kimi_jax.rl import batching, losses, replay_buffer, trainer
 from kimi_jax.rl.config import RLConfig
+from kimi_jax.token_rows import ImageSlots
 
 CFG = ModelConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2,
                   n_kv_heads=1, head_dim=8, mlp_dim=32, max_seq_len=64)
@@ -199,7 +200,7 @@ def test_packed_rows_carry_each_sequences_images_in_placeholder_order():
   mb = batching.packed_minibatch(
       _groups(), PROMPTS, version=VERSION, train_on_old_segments=False,
       len_buckets=(16,), rows=(2, 4, 8, 9), pad_id=0, pad_prompts_to=4,
-      images=batching.ImageInputs(pixels, slots=3, like=like))
+      images=batching.ImageInputs(pixels, ImageSlots(3, like)))
   images = mb.rows.images
   assert images.pixels_BxIxHxWxC.shape[1:] == (3,) + like
   for r in range(mb.rows.shape[0]):

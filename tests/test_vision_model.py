@@ -357,3 +357,49 @@ def test_a_vision_model_never_samples_its_placeholder(params):
   free, _ = sample_tokens(jax.numpy.asarray(logits), s,
                           np.zeros(2, np.int32))
   assert list(np.asarray(free)) == [IMG, IMG]
+
+
+def test_sft_packing_keeps_each_examples_images_in_its_row():
+  # Examples with 0, 1 and 2 images (pixels filled with the example's
+  # number): a row takes an example only with room for its images too, and
+  # the row's slots hold its examples' images in packing order.
+  from kimi_jax.data import sft_data
+  from kimi_jax.token_rows import ImageSlots
+  like = (2, 2, 1)
+  examples = [sft_data.pair_example(
+      [1, 2], [3, 4], where=f"ex{i}",
+      pixels=np.full((i % 3, 2, 2, 1), float(i), np.float32)) for i in range(6)]
+  rows, placed = sft_data.pack_rows(iter(examples), 4, 12, 0,
+                                    ImageSlots(2, like))
+  assert placed == 6
+  for r in range(4):
+    segs = rows["segment_ids"][r]
+    # Which example each segment is: examples go in order, first fit.
+    want = []
+    for s in range(1, segs.max() + 1):
+      i = [j for j, e in enumerate(examples)
+           if _placed_at(examples, rows, j) == (r, s)][0]
+      want += [float(i)] * (i % 3)
+    assert len(want) <= 2
+    np.testing.assert_array_equal(rows["image_mask"][r],
+                                  np.arange(2) < len(want))
+    np.testing.assert_array_equal(rows["pixels"][r, :len(want), 0, 0, 0],
+                                  want)
+  with pytest.raises(Exception, match="image slots"):
+    sft_data.pack_rows(iter(examples[2:3]), 4, 12, 0, ImageSlots(1, like))
+
+
+def _placed_at(examples, rows, j):
+  """(row, segment) of example j when examples are packed first fit in
+  order (each takes 3 positions of a 12-long row, so rows fill by slots)."""
+  used = [0] * 4
+  slots = [0] * 4
+  seg = [0] * 4
+  for i, e in enumerate(examples):
+    k = len(e.pixels)
+    r = next(r for r in range(4) if used[r] + 3 <= 12 and slots[r] + k <= 2)
+    used[r] += 3
+    slots[r] += k
+    seg[r] += 1
+    if i == j:
+      return r, seg[r]

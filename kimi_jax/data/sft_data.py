@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import grain
 import numpy as np
 
 from kimi_jax.data.records import DataError
+from kimi_jax.token_rows import ImageSlots, put_images
 from kimi_jax.data.sources import check_state, shuffled
 from kimi_jax.model.tokenizer import HFTokenizer, chat_messages, prompt_ids
 
@@ -178,10 +179,7 @@ def pack_rows(examples: Iterable[SFTExample], n_rows: int, row_len: int,
   C, "image_mask" R x I), and an example needs room there too.
   """
   slots = 0 if images is None else images.slots
-  pixels = image_mask = None
-  if images is not None:
-    pixels = np.zeros((n_rows, slots) + tuple(images.like), np.float32)
-    image_mask = np.zeros((n_rows, slots), bool)
+  row_images = None if images is None else images.empty(n_rows)
   slots_R = np.zeros(n_rows, np.int64)
   tokens = np.full((n_rows, row_len), pad_id, np.int32)
   targets = np.full((n_rows, row_len), pad_id, np.int32)
@@ -205,9 +203,7 @@ def pack_rows(examples: Iterable[SFTExample], n_rows: int, row_len: int,
       break
     r, start = room[0], used_R[room[0]]
     if k:
-      pixels[r, slots_R[r]:slots_R[r] + k] = example.pixels
-      image_mask[r, slots_R[r]:slots_R[r] + k] = True
-      slots_R[r] += k
+      slots_R[r] = put_images(row_images, r, slots_R[r], example.pixels)
     span = slice(start, start + n)
     segments_R[r] += 1
     tokens[r, span] = example.tokens_N[:-1]
@@ -220,16 +216,9 @@ def pack_rows(examples: Iterable[SFTExample], n_rows: int, row_len: int,
   rows = dict(tokens=tokens, targets=targets, positions=positions,
               segment_ids=segment_ids, mask=mask)
   if images is not None:
-    rows.update(pixels=pixels, image_mask=image_mask)
+    rows.update(pixels=row_images.pixels_BxIxHxWxC,
+                image_mask=row_images.mask_BxI)
   return rows, placed
-
-
-class ImageSlots(NamedTuple):
-  """A vision model's image slots per packed row (`slots`) and one image's
-  (H, W, C) (`like`)."""
-
-  slots: int
-  like: tuple[int, int, int]
 
 
 class PackedBatches:

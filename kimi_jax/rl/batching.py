@@ -34,7 +34,8 @@ import jax
 import numpy as np
 
 from kimi_jax.rl import replay_buffer
-from kimi_jax.token_rows import TokenRows, empty_rows
+from kimi_jax.token_rows import (ImageSlots, TokenRows, empty_rows,
+                                 put_images)
 
 
 @flax.struct.dataclass
@@ -134,23 +135,19 @@ def pack_rows(lengths: list[int], row_len: int, pack: bool = True, *,
 
 class ImageInputs(NamedTuple):
   """A vision model's images for `packed_minibatch`: `pixels[p]` the
-  images of group p's prompt (n x H x W x C); `slots` image slots per row;
-  `like` one image's (H, W, C)."""
+  images of group p's prompt (n x H x W x C), and the rows' `slots`."""
 
   pixels: Sequence[np.ndarray]
-  slots: int
-  like: tuple[int, int, int]
+  slots: ImageSlots
 
 
 def empty_minibatch(P: int, K: int, R: int, T: int, pad_id: int,
-                    image_like: tuple[int, int, int] | None = None,
-                    image_slots: int = 0) -> Minibatch:
+                    images: ImageSlots | None = None) -> Minibatch:
   """The arrays of one minibatch, all padding: R x T rows, P x K per
-  response, P per prompt. Real minibatches fill these in. With
-  `image_like` (one image's H, W, C) the rows carry `image_slots` empty
-  image slots each."""
+  response, P per prompt. Real minibatches fill these in. With `images`
+  the rows carry empty image slots."""
   return Minibatch(
-      rows=empty_rows(R, T, pad_id, image_like, image_slots),
+      rows=empty_rows(R, T, pad_id, images),
       seq_RxT=np.full((R, T), P * K, np.int32),
       lengths_PxK=np.zeros((P, K), np.int32),
       valid_P=np.zeros((P,), np.float32),
@@ -161,14 +158,14 @@ def empty_minibatch(P: int, K: int, R: int, T: int, pad_id: int,
 
 
 def abstract_minibatch(P: int, K: int, R: int, T: int,
-                       image_like: tuple[int, int, int] | None = None,
-                       image_slots: int = 0) -> Minibatch:
+                       images: ImageSlots | None = None) -> Minibatch:
   """A minibatch's shapes and dtypes (ShapeDtypeStructs), by the suffix of
   each field's name, without allocating it (ahead-of-time compiles)."""
-  I = image_slots
-  dims = {"RxT": (R, T), "PxK": (P, K), "P": (P,), "BxI": (R, I),
-          "BxIxHxWxC": (R, I) + tuple(image_like or ())}
-  like = empty_minibatch(P, K, 1, 1, 0, image_like, image_slots)
+  dims = {"RxT": (R, T), "PxK": (P, K), "P": (P,)}
+  if images is not None:
+    dims.update(BxI=(R, images.slots),
+                BxIxHxWxC=(R, images.slots) + tuple(images.like))
+  like = empty_minibatch(P, K, 1, 1, 0, images)
   return jax.tree_util.tree_map_with_path(
       lambda path, x: jax.ShapeDtypeStruct(
           dims[str(path[-1].name).rsplit("_", 1)[1]], x.dtype), like)
@@ -202,22 +199,18 @@ def packed_minibatch(groups: list[replay_buffer.Group],
   layout = pack_rows(
       n_in, T, pack, images=None if per_seq is None else
       [len(x) for x in per_seq],
-      image_slots=0 if images is None else images.slots)
+      image_slots=0 if images is None else images.slots.slots)
   R = bucket_length(len(layout), rows) if layout else rows[0]
   out = empty_minibatch(pad_prompts_to, K, R, T, pad_id,
-                        *(() if images is None else (images.like,
-                                                     images.slots)))
+                        None if images is None else images.slots)
   rows_ = out.rows
   out.valid_P[:len(groups)] = 1.0
   for r, members in enumerate(layout):
     col = slot = 0
     for segment, i in enumerate(members, start=1):
       p, j, seq, traj = seqs[i]
-      if per_seq is not None and len(per_seq[i]):
-        n = len(per_seq[i])
-        rows_.images.pixels_BxIxHxWxC[r, slot:slot + n] = per_seq[i]
-        rows_.images.mask_BxI[r, slot:slot + n] = True
-        slot += n
+      if per_seq is not None:
+        slot = put_images(rows_.images, r, slot, per_seq[i])
       m = n_in[i]
       span = slice(col, col + m)
       rows_.tokens_RxT[r, span] = seq[:-1]

@@ -33,6 +33,7 @@ from kimi_jax.model.config import ModelConfig
 from kimi_jax.rl import batching, trainer
 from kimi_jax.rl.batching import Minibatch
 from kimi_jax.rl.config import RLConfig
+from kimi_jax.token_rows import image_slots
 from kimi_jax.sharding import (Sharder, abstract_arrays, batch_shardings,
                                place_batch)
 
@@ -110,10 +111,8 @@ class Learner:
     P, K, R = rl.minibatch_prompts, rl.samples_per_prompt, self.row_buckets[-1]
 
     def minibatch(T: int) -> Minibatch:
-      v = model.vision
-      like = batching.abstract_minibatch(
-          P, K, R, T, *(() if v is None else (
-              (v.image_size, v.image_size, v.channels), v.max_images)))
+      like = batching.abstract_minibatch(P, K, R, T,
+                                         image_slots(model.vision))
       return abstract_arrays(like, batch_shardings(self.sharder, like))
 
     out = {}

@@ -42,6 +42,7 @@ from kimi_jax.rl.loop_state import LoopState
 from kimi_jax.sampler import handoff
 from kimi_jax.sampler.config import SamplingSettings
 from kimi_jax.sampler.driver import Sampler
+from kimi_jax.token_rows import image_slots
 
 _LOG_FIELDS = (("reward", "reward", ".3f"), ("acc", "accuracy", ".3f"),
                ("len", "length_mean", ".1f"), ("p95", "length_p95", ".0f"),
@@ -147,14 +148,13 @@ class RLLoop:
                    ) -> batching.ImageInputs | None:
     """The prompts' images for packing, when the policy has a vision
     tower; None for a text model."""
-    v = self.learner.model.vision
-    if v is None:
+    slots = image_slots(self.learner.model.vision)
+    if slots is None:
       return None
-    like = (v.image_size, v.image_size, v.channels)
-    empty = np.zeros((0,) + like, np.float32)
+    empty = np.zeros((0,) + slots.like, np.float32)
     return batching.ImageInputs(
         pixels=[x if (x := self.prompt_images(i)) is not None else empty
-                for i in indices], slots=v.max_images, like=like)
+                for i in indices], slots=slots)
 
   def max_response_len(self, prompt_index: int, sample_index: int) -> int:
     cap = self.task.response_cap

@@ -44,6 +44,7 @@ from kimi_jax.sampler.sampling import (SamplingParams, SlotSampling,
                                        empty_slot_sampling, sample_tokens,
                                        stacked_slot_sampling)
 from kimi_jax.sharding import Sharder, abstract_arrays
+from kimi_jax.token_rows import image_slots, put_images
 from kimi_jax.vision.merge import RowImages
 
 Params = dict[str, Any]
@@ -365,26 +366,23 @@ class Engine:
     if given and len(given) != n:
       raise ValueError(f"prefill_batch: {n} sequences, {len(given)} image "
                        f"lists")
-    v = self.cfg.vision
-    if v is None:
+    slots = image_slots(self.cfg.vision)
+    if slots is None:
       if any(x is not None and len(x) for x in given):
         raise ValueError("prefill_batch: images for a model without "
                          "model.vision")
       return None
-    pixels = np.zeros((N, v.max_images, v.image_size, v.image_size,
-                       v.channels), np.float32)
-    mask = np.zeros((N, v.max_images), bool)
+    rows = slots.empty(N)
     for i, x in enumerate(given):
       if x is None or not len(x):
         continue
       x = np.asarray(x, np.float32)
-      if len(x) > v.max_images or x.shape[1:] != pixels.shape[2:]:
+      if len(x) > slots.slots or x.shape[1:] != tuple(slots.like):
         raise ValueError(f"prefill_batch: sequence {i}: images of shape "
-                         f"{x.shape}, expected at most {v.max_images} x "
-                         f"{pixels.shape[2:]}")
-      pixels[i, :len(x)] = x
-      mask[i, :len(x)] = True
-    return RowImages(pixels, mask)
+                         f"{x.shape}, expected at most {slots.slots} x "
+                         f"{slots.like}")
+      put_images(rows, i, 0, x)
+    return rows
 
   def insert_batch(self, prefix: Prefix, state: DecodeState,
                    slots: Sequence[int | None]) -> DecodeState:
