@@ -2,15 +2,17 @@
 
 Long2short on the tiny pointer-chasing task (docs/long2short.md, report 2.4
 and 3.4). A base model learns the hidden permutation from plain chains. The
-long-CoT model is the main job from that base on the task's detour style:
-its warm-start chains try wrong candidates and reject them (`c3 47 ! 12 ;`)
-before each right state, so it learns to check every step and writes about
-2x the tokens of the shortest chain. The short-only baseline is the same
-recipe on plain chains. Four long2short methods then start from the long
-model: merging with the short model, shortest rejection sampling, DPO, and
-a second RL phase with a heavier length penalty and a shorter rollout cap.
-Every model is evaluated on the same held-out problems;
-`WORKDIR/long2short.json` and `WORKDIR/token_efficiency.png` compare them.
+long-CoT model is the main job from that base on the task's recheck style:
+three in four warm-start solutions verify the chain after writing it
+(`check`, the problem restated, every step re-derived), so it writes about
+1.8x the tokens of the shortest correct chain, and the verification never
+changes an answer. The short-only baseline is the same recipe on the
+short-CoT answer of this task, the answer alone (a model that never saw a
+chain). Four long2short methods then start from the long model: merging
+with the short model, shortest rejection sampling, DPO, and a second RL
+phase with a heavier length penalty and a shorter rollout cap. Every model
+is evaluated on the same held-out problems; `WORKDIR/long2short.json` and
+`WORKDIR/token_efficiency.png` compare them.
 
 `experiments/long2short_tiny.py:micro` is a seconds-scale variant for tests.
 """
@@ -22,17 +24,18 @@ from experiments import tiny
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = tiny.get_config()
-  # A detour chain has 3n + 3 + 2 x (up to 2 per step) tokens: 59 at n = 8,
-  # 62 with the prompt.
+  # A chain has 3n + 3 tokens, a recheck 3n + 4 more: 55 at n = 8, 59 with
+  # the prompt.
   c.model.max_seq_len = 64
   c.task.update(dict(
       eval_fraction=0.2,
-      # No direct answers: every solution is a chain, plain or with detours.
+      # No direct answers: every long-CoT solution is a chain, checked or
+      # not (the short-only baseline's are direct: l2s.short_cot_style).
       direct_fraction=0.0,
       warmstart_fraction=1.0,
-      cot_style="detours",
-      detour_rate=0.8,
-      max_detours=2,
+      cot_style="rechecks",
+      recheck_rate=0.75,
+      max_rechecks=1,
   ))
   c.sft.update(dict(steps=300, seq_len=64))
   c.sampler.update(dict(cache_len=64, prefill_buckets=(8, 16, 32, 64)))
@@ -57,7 +60,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       base_seq_len=32,
       long_workdir="",
       short_workdir="",
-      short_cot_style="plain",
+      # The short-CoT answer of this task; "plain" (the shortest chain)
+      # would be the ideal the methods compress towards, not a baseline.
+      short_cot_style="direct",
       samples_per_prompt=8,  # the report's n
       sample_prompts=0,  # every train prompt
       eval_samples=8,
@@ -65,8 +70,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.merge = ml_collections.ConfigDict(dict(alpha=0.5))  # simple averaging
   c.shortest_rs = ml_collections.ConfigDict(dict(
       steps=60, batch_size=64, learning_rate=3e-4, warmup_steps=10))
+  # 30 steps: at 60 the chosen responses' own log-ratio turns negative
+  # after step 40 and the policy degenerates (pass@1 0.01 in one run).
   c.dpo = ml_collections.ConfigDict(dict(
-      beta=0.1, long_ratio=1.5, steps=60, batch_pairs=32,
+      beta=0.1, long_ratio=1.5, steps=30, batch_pairs=32,
       learning_rate=1e-4, warmup_steps=10, grad_clip=1.0))
   # The long RL phase's settings except: length penalty 0 -> 1 from the
   # first iteration, rollout cap 60 -> 32 tokens (the longest plain chain

@@ -269,6 +269,38 @@ def test_l2s_rl_config_raises_the_penalty_and_cuts_the_rollout_cap():
   assert stats["length_reward_weight"] == l2s.l2s_rl.length_reward_weight
 
 
+def _warmstart_of(config) -> list[tuple[str, str]]:
+  from kimi_jax.data import tasks
+  cfg = parse_config(config, 8)
+  return tasks.make_task(cfg.task, cfg.seed).warmstart(cfg.seed)
+
+
+@pytest.mark.parametrize("short_style", ["direct", "plain"])
+def test_stage_configs_give_each_model_its_warm_start(short_style):
+  from kimi_jax.data import pointer_chase as pc
+  config = load_config(EXPERIMENT, {"l2s.short_cot_style": short_style})
+  l2s = l2s_config.l2s_config(config)
+  job_config = pipeline.job_sections(config)
+  train = {r["prompt"]: r for r in pc.make_problems(
+      parse_config(job_config, 8).task, 0)[0]}
+  perm = pc.permutation(0)
+  plain = {p: pc.cot_solution(r, perm) for p, r in train.items()}
+  # The base (common ancestor) learns from plain chains only.
+  base = _warmstart_of(pipeline.base_config(job_config, l2s))
+  assert all(text == plain[p] for p, text in base)
+  # The short-only model: the answer alone, or the plain chain.
+  short = _warmstart_of(pipeline.short_config(job_config, l2s))
+  want = ((lambda p: f"> {train[p]['answer']}") if short_style == "direct"
+          else plain.get)
+  assert all(text == want(p) for p, text in short)
+  # The long model: the plain chain, and a verification pass on most.
+  long = _warmstart_of(job_config)
+  checked = [text != plain[p] for p, text in long]
+  assert all(text.startswith(plain[p][:-5]) for p, text in long)
+  assert 0.6 < np.mean(checked) < 0.9
+  assert all(" check " in text for (_, text), c in zip(long, checked) if c)
+
+
 @pytest.mark.parametrize("override, needle", [
     ({"l2s_rl.max_response_len": 64}, "config.l2s_rl.max_response_len"),
     ({"l2s_rl.length_reward_weight": 0.0},
@@ -378,9 +410,8 @@ def test_shortest_rs_and_dpo_stages_train_on_hand_made_samples(tmp_path):
   perm = pc.permutation(ctx.cfg.seed)
   records = list(task.train[:4])
   tokens = []
-  for r in records:  # 0, 1, 2 detours on step 0, then a wrong direct answer
-    row = [pc.cot_solution(r, perm, [[(s + 1) % 100 for s in range(d)]] +
-                           [[]] * (r["n"] - 1)) for d in range(3)]
+  for r in records:  # 0, 1, 2 verification passes, then a wrong answer
+    row = [pc.cot_solution(r, perm, rechecks=k) for k in range(3)]
     row.append("> " + pc.state((int(r["answer"]) + 1) % 100))
     tokens.append([tok.encode(t) + [tok.eos_id] for t in row])
   drawn = Samples(records, [task.encode_prompt(r) for r in records], tokens,
@@ -389,9 +420,10 @@ def test_shortest_rs_and_dpo_stages_train_on_hand_made_samples(tmp_path):
   rs = pipeline.stage_shortest_rs(ctx, long, drawn)
   assert pipeline.policies.stage_done(rs)["examples"] == 4
   done = pipeline.stage_dpo(ctx, long, drawn)
-  # Per prompt: the wrong answer, plus the 2-detour chain when it is more
-  # than 1.5x the plain one (4 extra tokens on a chain of 3n + 3).
-  want = sum(1 + (len(row[2]) > 1.5 * len(row[0])) for row in tokens)
+  # Per prompt: the wrong answer, plus each checked chain more than 1.5x
+  # the plain one (a pass adds 3n + 4 tokens to a chain of 3n + 3).
+  want = sum(1 + sum(len(t) > 1.5 * len(row[0]) for t in row[1:3])
+             for row in tokens)
   assert pipeline.policies.stage_done(done)["pairs"] == want
   trained = ctx.params(done)
   start = ctx.params(long)

@@ -13,15 +13,14 @@ steps out helps, and response length means something: the report's long-CoT
 story in miniature. Difficulty is n. Train and held-out problems are disjoint
 (x, n) pairs.
 
-`cot_style="detours"` is the long-CoT variant of the long2short experiment
-(docs/long2short.md): each step of a warm-start chain may first try wrong
-candidates, each rejected with `!` before the right state is written
-(`c4 81 ; c3 47 ! 12 ; ...`): explored-and-abandoned branches. A model
-trained on them learns to check every state it writes against the one
-before and to retry when the check fails, which rescues a sampled slip on a
-long chain (hard problems) and is wasted tokens on a short one (easy
-problems); a shorter policy can drop the deliberate detours and keep the
-check.
+Two long-CoT variants give a chain removable redundancy (long2short,
+docs/long2short.md). `cot_style="rechecks"` (the long2short experiment's):
+after the chain a solution may verify it, restating the problem and
+re-deriving every step (`... c0 55 ; check 37 c5 = c4 81 ; ... c0 55 ; >
+55`): a verification pass that a correct chain never needs.
+`cot_style="detours"`: before each right state a step may try wrong
+candidates, each rejected with `!` (`c4 81 ; c3 47 ! 12 ; ...`):
+explored-and-abandoned branches.
 """
 
 from __future__ import annotations
@@ -38,8 +37,9 @@ from kimi_jax.rewards.registry import MODEL_REWARDS
 
 N_STATES = 100
 MAX_STEPS = 9
-COT_STYLES = ("plain", "detours")
+COT_STYLES = ("plain", "detours", "rechecks")
 RETRY = "!"
+CHECK = "check"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +60,14 @@ class PointerChaseConfig:
   # "plain": a chain writes each state once. "detours": before each right
   # state a warm-start chain tries up to `max_detours` wrong candidates, one
   # more with probability `detour_rate` each time, each followed by `!`.
+  # "rechecks": after the chain a warm-start solution verifies it, up to
+  # `max_rechecks` times, one more with probability `recheck_rate` each
+  # time: `check`, the problem restated, every step re-derived.
   cot_style: str = "plain"
   detour_rate: float = 0.0
   max_detours: int = 0
+  recheck_rate: float = 0.0
+  max_rechecks: int = 0
   # Vision (report 2.3.5, text-rendered data): this share of the problems,
   # train and held out, is shown as an image of "x cN" (32 px by default)
   # instead of text; the prompt is then `image_tokens` placeholders (the
@@ -109,9 +114,24 @@ class PointerChaseConfig:
     if self.max_detours < 0:
       raise ValueError(f"task.max_detours must be >= 0, got "
                        f"{self.max_detours}")
-    if self.cot_style == "plain" and (self.detour_rate or self.max_detours):
+    if self.cot_style != "detours" and (self.detour_rate or
+                                        self.max_detours):
       raise ValueError("task.detour_rate / task.max_detours need "
                        "task.cot_style='detours'")
+    if not 0.0 <= self.recheck_rate <= 1.0:
+      raise ValueError(f"task.recheck_rate must be in [0, 1], got "
+                       f"{self.recheck_rate}")
+    if self.max_rechecks < 0:
+      raise ValueError(f"task.max_rechecks must be >= 0, got "
+                       f"{self.max_rechecks}")
+    if self.cot_style != "rechecks" and (self.recheck_rate or
+                                         self.max_rechecks):
+      raise ValueError("task.recheck_rate / task.max_rechecks need "
+                       "task.cot_style='rechecks'")
+    if self.cot_style == "rechecks" and not (self.recheck_rate and
+                                             self.max_rechecks):
+      raise ValueError("task.cot_style='rechecks' needs task.recheck_rate > "
+                       "0 and task.max_rechecks > 0")
     if self.cot_style == "detours" and not (self.detour_rate and
                                             self.max_detours):
       raise ValueError("task.cot_style='detours' needs task.detour_rate > 0 "
@@ -131,10 +151,10 @@ IMAGE_WORD = "<image>"
 
 def tokenizer(cot_style: str = "plain", images: bool = False
               ) -> WordTokenizer:
-  """The task's words; the detour style adds `!` and a vision task the image
-  placeholder at the end, so the ids of the other words are the same in
-  every variant."""
-  extra = ((RETRY,) if cot_style == "detours" else ()) + (
+  """The task's words; the detour style adds `!`, the recheck style
+  `check` and a vision task the image placeholder at the end, so the ids of
+  the other words are the same in every variant."""
+  extra = {"detours": (RETRY,), "rechecks": (CHECK,)}.get(cot_style, ()) + (
       (IMAGE_WORD,) if images else ())
   return WordTokenizer(("=", ";", ">") + tuple(counter(c) for c in range(
       MAX_STEPS + 1)) + tuple(state(s) for s in range(N_STATES)) + extra)
@@ -173,9 +193,12 @@ def make_problems(cfg: PointerChaseConfig, seed: int
 
 
 def cot_solution(record: Mapping[str, Any], perm: np.ndarray,
-                 detours_per_step: Sequence[Sequence[int]] = ()) -> str:
+                 detours_per_step: Sequence[Sequence[int]] = (),
+                 rechecks: int = 0) -> str:
   """The chain, each step `c{k} s ;`; `detours_per_step[i]` lists wrong
-  states tried (each followed by `!`) before step i's right one."""
+  states tried (each followed by `!`) before step i's right one; each of
+  `rechecks` verification passes writes `check`, the problem and the plain
+  chain again."""
   n = record["n"]
   steps = chain(perm, record["x"], n)
   detours = list(detours_per_step) or [()] * n
@@ -185,7 +208,12 @@ def cot_solution(record: Mapping[str, Any], perm: np.ndarray,
       " ".join([counter(n - 1 - i)] + [f"{state(w)} {RETRY}" for w in tried]
                + [state(s), ";"])
       for i, (s, tried) in enumerate(zip(steps, detours)))
-  return f"{body} > {state(steps[-1])}"
+  plain = " ".join(f"{counter(n - 1 - i)} {state(s)} ;"
+                   for i, s in enumerate(steps))
+  # A verification pass restates the problem and re-derives every step.
+  problem = f"{state(record['x'])} {counter(n)} ="
+  checks = "".join(f" {CHECK} {problem} {plain}" for _ in range(rechecks))
+  return f"{body}{checks} > {state(steps[-1])}"
 
 
 def draw_detours(record: Mapping[str, Any], perm: np.ndarray,
@@ -202,6 +230,15 @@ def draw_detours(record: Mapping[str, Any], perm: np.ndarray,
       tried.append(wrong + (wrong >= right))
     out.append(tried)
   return out
+
+
+def draw_rechecks(cfg: PointerChaseConfig, rng: np.random.Generator) -> int:
+  """How many verification passes a recheck-style solution writes: up to
+  `max_rechecks`, one more with probability `recheck_rate` each time."""
+  k = 0
+  while k < cfg.max_rechecks and rng.random() < cfg.recheck_rate:
+    k += 1
+  return k
 
 
 def minimal_length(record: Mapping[str, Any]) -> int:
@@ -252,6 +289,8 @@ def warmstart_texts(records: list[dict], cfg: PointerChaseConfig, seed: int,
       solution = direct_solution(r)
     elif cfg.cot_style == "detours":
       solution = cot_solution(r, perm, draw_detours(r, perm, cfg, rng))
+    elif cfg.cot_style == "rechecks":
+      solution = cot_solution(r, perm, rechecks=draw_rechecks(cfg, rng))
     else:
       solution = cot_solution(r, perm)
     if "pixels" in r:

@@ -25,6 +25,7 @@ from kimi_jax.config import ConfigError, to_dataclass
 from kimi_jax.data.pointer_chase import PointerChaseConfig
 
 SECTIONS = ("l2s", "merge", "shortest_rs", "dpo", "l2s_rl")
+SHORT_STYLES = ("direct", "plain")
 METHODS = ("long", "short_baseline", "merge", "shortest_rs", "dpo", "l2s_rl")
 
 
@@ -46,7 +47,7 @@ def _non_negative(section: str, obj: Any, *keys: str) -> None:
 class L2SConfig:
   """`config.l2s`.
 
-  base_sft_steps: SFT steps on `short_cot_style` chains from the seeded
+  base_sft_steps: SFT steps on plain chains from the seeded
     init that make the base model the long and short runs both start from
     (their common ancestor, which merging needs); 0: both start from the
     seeded init. base_seq_len: the base's SFT row length (short chains
@@ -54,8 +55,10 @@ class L2SConfig:
   long_workdir / short_workdir: an existing run (a main-job workdir) to
     take the long-CoT / short-only model from; "" trains it in
     WORKDIR/long / WORKDIR/short_baseline with the main job.
-  short_cot_style: `task.cot_style` of the short-only baseline (same
-    config otherwise: seed, init, SFT and RL budgets).
+  short_cot_style: what the short-only baseline's warm start answers
+    with: "direct" (the answer alone, a short-CoT model that never saw a
+    chain) or "plain" (the plain chain); the same config otherwise (seed,
+    base, SFT and RL budgets).
   samples_per_prompt: n responses the long model draws per train prompt,
     shared by shortest rejection sampling and DPO (the report's n = 8).
   sample_prompts: how many train prompts are sampled (0: all of them).
@@ -75,6 +78,9 @@ class L2SConfig:
     _positive("l2s", self, "samples_per_prompt", "eval_samples",
               "base_seq_len")
     _non_negative("l2s", self, "base_sft_steps", "sample_prompts")
+    if self.short_cot_style not in SHORT_STYLES:
+      raise ValueError(f"config.l2s.short_cot_style must be one of "
+                       f"{SHORT_STYLES}, got {self.short_cot_style!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,8 +3,8 @@
   WORKDIR/base            SFT on plain chains from the seeded init: the
                           common ancestor of the long and short models
   WORKDIR/long            the main job (kimi_jax.job.train_and_evaluate)
-                          from base: long-CoT (detour) warm start, then RL
-  WORKDIR/short_baseline  the same recipe on plain chains
+                          from base: long-CoT warm start, then RL
+  WORKDIR/short_baseline  the same recipe on short answers
   WORKDIR/merge           alpha * long + (1 - alpha) * short
   WORKDIR/samples.json    n responses of the long model per train prompt
   WORKDIR/shortest_rs     the long model, SFT on each prompt's shortest
@@ -71,21 +71,33 @@ def _copy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(config.to_dict())
 
 
+def _plain_chains(job_config: ml_collections.ConfigDict
+                  ) -> ml_collections.ConfigDict:
+  """`job_config` with the task's warm start on plain chains (no detours,
+  no rechecks, no direct answers)."""
+  c = _copy(job_config)
+  c.task.update(dict(cot_style="plain", detour_rate=0.0, max_detours=0,
+                     recheck_rate=0.0, max_rechecks=0, direct_fraction=0.0))
+  return c
+
+
 def short_config(job_config: ml_collections.ConfigDict,
                  l2s: Long2ShortConfig) -> ml_collections.ConfigDict:
-  """The short-only recipe: the same job on `l2s.short_cot_style` chains."""
-  c = _copy(job_config)
-  c.task.cot_style = l2s.l2s.short_cot_style
-  c.task.detour_rate = 0.0
-  c.task.max_detours = 0
+  """The short-only recipe: the same job, its warm start on
+  `l2s.short_cot_style` answers ("direct": the answer alone; "plain": the
+  plain chain)."""
+  c = _plain_chains(job_config)
+  if l2s.l2s.short_cot_style == "direct":
+    c.task.direct_fraction = 1.0
   return c
 
 
 def base_config(job_config: ml_collections.ConfigDict,
                 l2s: Long2ShortConfig) -> ml_collections.ConfigDict:
-  """The common ancestor: SFT on short (plain) chains, `l2s.base_sft_steps`
-  steps in rows of `l2s.base_seq_len`, the job's SFT settings otherwise."""
-  c = short_config(job_config, l2s)
+  """The common ancestor: SFT on plain chains (where the hidden permutation
+  is learned), `l2s.base_sft_steps` steps in rows of `l2s.base_seq_len`,
+  the job's SFT settings otherwise."""
+  c = _plain_chains(job_config)
   c.sft.steps = l2s.l2s.base_sft_steps
   c.sft.seq_len = l2s.l2s.base_seq_len
   return c
