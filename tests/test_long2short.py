@@ -362,6 +362,21 @@ def test_targets_pick_the_best_method_and_check_point_six():
   assert not t["met"] and t["methods_meeting"] == []
 
 
+def test_labels_of_close_methods_do_not_overlap():
+  points = {"a": (17.0, 0.99), "b": (17.4, 0.96), "c": (19.5, 0.99),
+            "far": (3.0, 0.40)}
+  offsets = report.label_offsets(points, (0.0, 35.0), (0.0, 1.05))
+  assert offsets["far"] == (6.0, 4.0)  # alone: beside the point
+  # The three close ones: each label somewhere else.
+  boxes = {(points[k][0] / 35 + (0.0 if o[0] > 0 else -0.22),
+            points[k][1] / 1.05 + o[1] / 250) for k, o in offsets.items()
+           if k != "far"}
+  assert len(boxes) == 3
+  ordered = sorted(boxes)
+  for (x0, y0), (x1, y1) in zip(ordered, ordered[1:]):
+    assert abs(x1 - x0) > 0.05 or abs(y1 - y0) > 0.04
+
+
 def test_two_hf_directories_merge_into_a_hf_directory(tmp_path):
   from kimi_jax.model import hf
   sharder = _sharder()
