@@ -144,6 +144,31 @@ def test_dpo_loss_and_gradient_match_the_formula():
                              atol=1e-7)
 
 
+@pytest.mark.host_inputs
+def test_dpo_nll_term_adds_the_chosen_per_token_nll_by_hand():
+  beta, w = 0.3, 0.5
+  logp = np.array([[-3.0, -5.0], [-2.0, -1.0], [-4.0, -4.5]], np.float32)
+  ref = np.array([[-3.5, -4.0], [-2.5, -2.0], [9.0, 9.0]], np.float32)
+  lens = np.array([[6.0, 9.0], [4.0, 12.0], [0.0, 0.0]], np.float32)
+  valid = np.array([1.0, 1.0, 0.0], np.float32)
+  args = [jnp.asarray(x) for x in (logp, ref, valid)]
+  plain, _ = dpo.dpo_loss(*args, beta=beta)
+  loss, metrics = dpo.dpo_loss(*args, beta=beta, nll_weight=w,
+                               len_Px2=jnp.asarray(lens))
+  nll = np.mean([3.0 / 6.0, 2.0 / 4.0])
+  np.testing.assert_allclose(float(metrics["chosen_nll"]), nll, rtol=1e-6)
+  np.testing.assert_allclose(float(loss), float(plain) + w * nll, rtol=1e-6)
+  # Its gradient: -w / (len x pairs) on each real chosen log-prob.
+  g = lambda **kw: np.asarray(jax.grad(lambda x: dpo.dpo_loss(
+      x, args[1], args[2], beta=beta, **kw)[0])(args[0]))
+  extra = g(nll_weight=w, len_Px2=jnp.asarray(lens)) - g()
+  want = np.zeros_like(logp)
+  want[:2, 0] = -w / (lens[:2, 0] * 2)
+  np.testing.assert_allclose(extra, want, atol=1e-7)
+  with pytest.raises(ValueError, match="len_Px2"):
+    dpo.dpo_loss(*args, beta=beta, nll_weight=w)
+
+
 def _pairs():
   rng = np.random.default_rng(0)
   out = []
@@ -188,10 +213,20 @@ def test_pairs_are_packed_first_fit_and_never_split():
   pairs = _pairs()
   batches = dpo.make_batches(pairs, n_pairs=2, n_rows=2, row_len=16, pad_id=0)
   assert sum(int(b.valid_P.sum()) for b in batches) == len(pairs)
+  i = 0
   for b in batches:
     for p in range(b.n_pairs):
       has = [(b.seq_RxT == 2 * p + s).any() for s in (0, 1)]
       assert has == [bool(b.valid_P[p])] * 2
+      if b.valid_P[p]:
+        # Response lengths: the pair's own, and the loss mask's count.
+        want = [len(pairs[i].chosen), len(pairs[i].rejected)]
+        assert b.len_Px2[p].tolist() == want
+        assert [b.rows.mask_RxT[b.seq_RxT == 2 * p + s].sum()
+                for s in (0, 1)] == want
+        i += 1
+      else:
+        assert b.len_Px2[p].tolist() == [0, 0]
   with pytest.raises(ValueError, match="does not fit a row"):
     dpo.pack_pairs(pairs, n_pairs=2, n_rows=2, row_len=6, pad_id=0)
 

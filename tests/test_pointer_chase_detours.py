@@ -9,11 +9,16 @@ from kimi_jax.data import pointer_chase as pc
 from kimi_jax.data import tasks
 
 
+def _style_cfg(style: str, **kw) -> pc.PointerChaseConfig:
+  knobs = {"detours": dict(detour_rate=0.75, max_detours=2),
+           "rechecks": dict(recheck_rate=0.75, max_rechecks=1)}[style]
+  return pc.PointerChaseConfig(**{
+      **knobs, "cot_style": style, "direct_fraction": 0.0,
+      "warmstart_fraction": 1.0, **kw})
+
+
 def _detour_cfg(**kw):
-  base = dict(cot_style="detours", detour_rate=0.75, max_detours=2,
-              direct_fraction=0.0, warmstart_fraction=1.0)
-  base.update(kw)
-  return pc.PointerChaseConfig(**base)
+  return _style_cfg("detours", **kw)
 
 
 def test_detour_chain_format_by_hand_and_reward():
@@ -112,10 +117,7 @@ def test_detour_task_uses_the_detour_tokenizer():
 
 
 def _recheck_cfg(**kw):
-  base = dict(cot_style="rechecks", recheck_rate=0.75, max_rechecks=1,
-              direct_fraction=0.0, warmstart_fraction=1.0)
-  base.update(kw)
-  return pc.PointerChaseConfig(**base)
+  return _style_cfg("rechecks", **kw)
 
 
 def test_recheck_chain_format_by_hand_and_reward():

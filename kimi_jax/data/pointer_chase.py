@@ -108,34 +108,28 @@ class PointerChaseConfig:
     if self.cot_style not in COT_STYLES:
       raise ValueError(f"task.cot_style must be one of {COT_STYLES}, got "
                        f"{self.cot_style!r}")
-    if not 0.0 <= self.detour_rate < 1.0:
-      raise ValueError(f"task.detour_rate must be in [0, 1), got "
-                       f"{self.detour_rate}")
-    if self.max_detours < 0:
-      raise ValueError(f"task.max_detours must be >= 0, got "
-                       f"{self.max_detours}")
-    if self.cot_style != "detours" and (self.detour_rate or
-                                        self.max_detours):
-      raise ValueError("task.detour_rate / task.max_detours need "
-                       "task.cot_style='detours'")
-    if not 0.0 <= self.recheck_rate <= 1.0:
-      raise ValueError(f"task.recheck_rate must be in [0, 1], got "
-                       f"{self.recheck_rate}")
-    if self.max_rechecks < 0:
-      raise ValueError(f"task.max_rechecks must be >= 0, got "
-                       f"{self.max_rechecks}")
-    if self.cot_style != "rechecks" and (self.recheck_rate or
-                                         self.max_rechecks):
-      raise ValueError("task.recheck_rate / task.max_rechecks need "
-                       "task.cot_style='rechecks'")
-    if self.cot_style == "rechecks" and not (self.recheck_rate and
-                                             self.max_rechecks):
-      raise ValueError("task.cot_style='rechecks' needs task.recheck_rate > "
-                       "0 and task.max_rechecks > 0")
-    if self.cot_style == "detours" and not (self.detour_rate and
-                                            self.max_detours):
-      raise ValueError("task.cot_style='detours' needs task.detour_rate > 0 "
-                       "and task.max_detours > 0")
+    _check_knobs(self, "detours", "detour_rate", "max_detours",
+                 rate_below_one=True)
+    _check_knobs(self, "rechecks", "recheck_rate", "max_rechecks",
+                 rate_below_one=False)
+
+
+def _check_knobs(cfg: PointerChaseConfig, style: str, rate_key: str,
+                 max_key: str, *, rate_below_one: bool) -> None:
+  """A long-CoT style's rate and cap: in range, set exactly when
+  `task.cot_style` is `style`."""
+  rate, most = getattr(cfg, rate_key), getattr(cfg, max_key)
+  if not (0.0 <= rate < 1.0 if rate_below_one else 0.0 <= rate <= 1.0):
+    raise ValueError(f"task.{rate_key} must be in [0, 1"
+                     f"{')' if rate_below_one else ']'}, got {rate}")
+  if most < 0:
+    raise ValueError(f"task.{max_key} must be >= 0, got {most}")
+  if cfg.cot_style != style and (rate or most):
+    raise ValueError(f"task.{rate_key} / task.{max_key} need "
+                     f"task.cot_style='{style}'")
+  if cfg.cot_style == style and not (rate and most):
+    raise ValueError(f"task.cot_style='{style}' needs task.{rate_key} > 0 "
+                     f"and task.{max_key} > 0")
 
 
 def state(s: int) -> str:

@@ -116,7 +116,9 @@ class DPOConfig:
   """`config.dpo`: pairs (shortest correct, an incorrect response or a
   correct one longer than `long_ratio` x the shortest correct), DPO loss
   with temperature `beta` against the frozen long model, `steps` AdamW
-  steps over packed batches of at most `batch_pairs` pairs."""
+  steps over packed batches of at most `batch_pairs` pairs. `nll_weight`:
+  weight of a per-token negative log-likelihood term on the chosen
+  responses (0: the report's plain DPO)."""
 
   beta: float = 0.1
   long_ratio: float = 1.5
@@ -125,10 +127,12 @@ class DPOConfig:
   learning_rate: float = 3e-4
   warmup_steps: int = 10
   grad_clip: float = 1.0
+  nll_weight: float = 0.0
 
   def __post_init__(self):
     _positive("dpo", self, "beta", "steps", "batch_pairs", "learning_rate",
               "grad_clip")
+    _non_negative("dpo", self, "nll_weight")
     if self.long_ratio < 1.0:
       raise ValueError(f"config.dpo.long_ratio must be >= 1, got "
                        f"{self.long_ratio}")

@@ -17,6 +17,13 @@ long model) and temperature beta:
 averaged over the real pairs of a batch. d loss / d log pi(y+|x) =
 -beta * sigmoid(-z) and d loss / d log pi(y-|x) = +beta * sigmoid(-z).
 
+DPO can lower the likelihood of the chosen responses too, as long as the
+rejected ones fall faster, until the policy degenerates (the long2short
+experiment saw it after 40 steps). `nll_weight` > 0 adds
+`nll_weight * -log pi(y+|x) / |y+|` per pair (a negative log-likelihood
+term on the chosen response per token, as in Pang et al. 2024, "Iterative
+Reasoning Preference Optimization"; not in the report, 0 by default).
+
 Batches pack the 2P sequences (prompt + response) of up to P pairs first-fit
 into R rows of T tokens, each sequence its own segment (attention never
 crosses sequences); `seq_RxT` tags each token with 2p (chosen) or 2p + 1
@@ -84,12 +91,14 @@ class PairBatch:
   seq_RxT: 2p for tokens of pair p's chosen response sequence, 2p + 1 for
     its rejected one, 2P on padding.
   ref_logp_Px2: log pi_ref(y|x) of (chosen, rejected) (zeros until set).
+  len_Px2: response tokens of (chosen, rejected) (0 on padding slots).
   valid_P: 1 for real pairs, 0 for padding slots.
   """
 
   rows: TokenRows
   seq_RxT: np.ndarray
   ref_logp_Px2: np.ndarray
+  len_Px2: np.ndarray
   valid_P: np.ndarray
 
   @property
@@ -105,6 +114,7 @@ def pack_pairs(pairs: Sequence[Pair], *, n_pairs: int, n_rows: int,
   batch = PairBatch(rows=empty_rows(n_rows, row_len, pad_id),
                     seq_RxT=np.full((n_rows, row_len), 2 * n_pairs, np.int32),
                     ref_logp_Px2=np.zeros((n_pairs, 2), np.float32),
+                    len_Px2=np.zeros((n_pairs, 2), np.float32),
                     valid_P=np.zeros((n_pairs,), np.float32))
   room = np.full(n_rows, row_len, np.int64)
   segments = np.zeros(n_rows, np.int32)
@@ -136,6 +146,7 @@ def pack_pairs(pairs: Sequence[Pair], *, n_pairs: int, n_rows: int,
       rows.segment_ids_RxT[r, span] = segments[r]
       rows.mask_RxT[r, col + len(pair.prompt) - 1:col + n] = 1.0
       batch.seq_RxT[r, span] = 2 * placed + side
+      batch.len_Px2[placed, side] = n + 1 - len(pair.prompt)
     room = trial
     batch.valid_P[placed] = 1.0
     placed += 1
@@ -159,9 +170,12 @@ def make_batches(pairs: Sequence[Pair], *, n_pairs: int, n_rows: int,
 
 
 def dpo_loss(logp_Px2: jax.Array, ref_logp_Px2: jax.Array,
-             valid_P: jax.Array, *, beta: float
+             valid_P: jax.Array, *, beta: float, nll_weight: float = 0.0,
+             len_Px2: jax.Array | None = None
              ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Mean over valid pairs of softplus(-z) (see the module docstring)."""
+  """Mean over valid pairs of softplus(-z), plus `nll_weight` x the chosen
+  responses' negative log-likelihood per token (`len_Px2` counts them; see
+  the module docstring)."""
   logp_Px2 = logp_Px2.astype(jnp.float32)
   ratio_Px2 = logp_Px2 - jax.lax.stop_gradient(ref_logp_Px2)
   margin_P = ratio_Px2[:, 0] - ratio_Px2[:, 1]
@@ -176,6 +190,13 @@ def dpo_loss(logp_Px2: jax.Array, ref_logp_Px2: jax.Array,
       "chosen_ratio": (ratio_Px2[:, 0] * valid_P).sum() / n,
       "rejected_ratio": (ratio_Px2[:, 1] * valid_P).sum() / n,
   }
+  if nll_weight:
+    if len_Px2 is None:
+      raise ValueError("dpo_loss: nll_weight needs len_Px2")
+    nll = (-logp_Px2[:, 0] / jnp.maximum(len_Px2[:, 0], 1.0) * valid_P
+           ).sum() / n
+    metrics["chosen_nll"] = nll
+    loss = loss + nll_weight * nll
   return loss, metrics
 
 
@@ -189,10 +210,11 @@ def pair_logp(params, batch: PairBatch, *, cfg: ModelConfig,
 
 
 def batch_loss(params, batch: PairBatch, *, cfg: ModelConfig,
-               sharder: Sharder | None, beta: float):
+               sharder: Sharder | None, beta: float, nll_weight: float = 0.0):
   """The train step's loss: DPO on one packed batch."""
   return dpo_loss(pair_logp(params, batch, cfg=cfg, sharder=sharder),
-                  batch.ref_logp_Px2, batch.valid_P, beta=beta)
+                  batch.ref_logp_Px2, batch.valid_P, beta=beta,
+                  nll_weight=nll_weight, len_Px2=batch.len_Px2)
 
 
 def row_count(n_pairs: int, multiple_of: int) -> int:

@@ -341,7 +341,7 @@ def train_dpo(ctx: Context, ref_params: Any, params: Any,
       ref_fn(ref_params, place_batch(sharder, b))), np.float32))
              for b in batches]
   loss_fn = functools.partial(dpo.batch_loss, cfg=cfg.model, sharder=sharder,
-                              beta=d.beta)
+                              beta=d.beta, nll_weight=d.nll_weight)
   step_fn, counter = ts.jit_train_step(loss_fn, optimizer, shardings,
                                        batch_shardings(sharder, batches[0]))
   state = ts.create_state(params, optimizer, shardings)
