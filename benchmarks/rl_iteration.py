@@ -10,8 +10,10 @@ prompt tokens, exactly 64 response tokens (no eos; token budget = max length,
 so no partial rollouts), mirror-descent loss, reference log-probs
 recomputed, one optimizer step over all 32 responses (one minibatch of all 8
 groups, 1 epoch), and a hash reward that differs within every group so no
-group is dropped as uninformative. `sampler.steps_per_call` comes from
-experiments/tiny.py, as a user gets it.
+group is dropped as uninformative. `sampler.steps_per_call` and
+`model.scan_layers` come from experiments/tiny.py, as a user gets them; the
+same workload with the other `scan_layers` runs beside it, iteration by
+iteration, as the baseline (`baseline` in the JSON).
 
 Reported, median over 5 iterations after 2 warm-ups: `iteration_s` (the
 whole iteration: handoff, rollout, reward, reference, update, bookkeeping),
@@ -56,9 +58,15 @@ TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                     "experiments", "tiny.py")
 
 
-def build_loop() -> tuple[RLLoop, LoopState, object]:
+def shipped_scan_layers() -> bool:
+  """The tiny config's `model.scan_layers` (what the RL loop runs with)."""
+  return bool(load_config(TINY).model.scan_layers)
+
+
+def build_loop(scan_layers: bool) -> tuple[RLLoop, LoopState, object]:
   cache_len = PROMPT_LEN + RESPONSE_LEN
-  model = dataclasses.replace(QWEN_SHAPED, max_seq_len=cache_len)
+  model = dataclasses.replace(QWEN_SHAPED, max_seq_len=cache_len,
+                              scan_layers=scan_layers)
   sharder = Sharder(make_mesh(MeshConfig(), jax.devices()[:1]))
   steps_per_call = int(load_config(TINY).sampler.steps_per_call)
   engine = Engine(model, EngineConfig(PROMPTS * SAMPLES, cache_len,
@@ -97,42 +105,61 @@ def check_row(row: dict) -> None:
                        f"{PROMPTS} in 1")
 
 
-def run() -> dict:
-  load_before = os.getloadavg()
-  peak = matmul_peak_flops()
-  loop, state, train = build_loop()
-  rows = []
+def timed_iterations(loops: dict[str, tuple]) -> dict[str, list[dict]]:
+  """WARMUP + TIMED iterations of every loop, interleaved (so a change in
+  the machine's load hits them alike); the timed rows per loop."""
+  rows = {name: [] for name in loops}
   for i in range(WARMUP + TIMED):
-    if i < WARMUP:
-      state, train, row = loop.iteration(state, train)
-    else:
-      with no_compiles(f"RL iteration {i}"):
+    for name, (loop, state, train) in loops.items():
+      if i < WARMUP:
         state, train, row = loop.iteration(state, train)
-    check_row(row)
-    rows.append(row)
-  timed = rows[WARMUP:]
+      else:
+        with no_compiles(f"RL iteration {i} ({name})"):
+          state, train, row = loop.iteration(state, train)
+      check_row(row)
+      loops[name] = (loop, state, train)
+      if i >= WARMUP:
+        rows[name].append(row)
+  return rows
+
+
+def summary(loop: RLLoop, timed: list[dict], peak: float) -> dict:
   med = lambda key: float(np.median([r[key] for r in timed]))
   other = [r["iteration_s"] - r["rollout_s"] - r["reference_s"] -
            r["update_s"] for r in timed]
-  model = loop.learner.model
-  n_params = count_params(model)
+  n_params = count_params(loop.learner.model)
   rows_trained_tokens = PROMPTS * SAMPLES * loop.learner.len_buckets[-1]
   update_flops = 6 * n_params * rows_trained_tokens
   rollout_tokens = PROMPTS * SAMPLES * RESPONSE_LEN
   return dict(
-      device=str(jax.devices()[0]), params=n_params,
-      steps_per_call=loop.sampler.steps_per_call,
-      workload=dict(prompts=PROMPTS, samples=SAMPLES, prompt_len=PROMPT_LEN,
-                    response_len=RESPONSE_LEN, warmup=WARMUP, timed=TIMED),
       iteration_s=med("iteration_s"), rollout_s=med("rollout_s"),
       reference_s=med("reference_s"), update_s=med("update_s"),
       other_s=float(np.median(other)), handoff_s=med("handoff_s"),
       iterations_s=[r["iteration_s"] for r in timed],
-      matmul_peak_flops=peak, update_flops=update_flops,
+      update_flops=update_flops,
       update_mfu=update_flops / med("update_s") / peak,
       rollout_tok_s=rollout_tokens / med("rollout_s"),
       rollout_ceiling_fraction=(rollout_tokens / med("rollout_s")) / (
-          peak / (2 * n_params)),
+          peak / (2 * n_params)))
+
+
+def run() -> dict:
+  load_before = os.getloadavg()
+  peak = matmul_peak_flops()
+  scan = shipped_scan_layers()
+  # The shipped setting, and beside it the other layer loop as a baseline.
+  loops = {"shipped": build_loop(scan), "baseline": build_loop(not scan)}
+  rows = timed_iterations(loops)
+  loop = loops["shipped"][0]
+  return dict(
+      device=str(jax.devices()[0]), params=count_params(loop.learner.model),
+      steps_per_call=loop.sampler.steps_per_call, scan_layers=scan,
+      workload=dict(prompts=PROMPTS, samples=SAMPLES, prompt_len=PROMPT_LEN,
+                    response_len=RESPONSE_LEN, warmup=WARMUP, timed=TIMED),
+      **summary(loop, rows["shipped"], peak),
+      matmul_peak_flops=peak,
+      baseline=dict(scan_layers=not scan,
+                    **summary(loops["baseline"][0], rows["baseline"], peak)),
       loadavg_before=list(load_before), loadavg_after=list(os.getloadavg()))
 
 
@@ -149,13 +176,15 @@ def main(argv=None) -> dict:
         f"{report['steps_per_call']} decode steps per call; load "
         f"{report['loadavg_before'][0]:.2f} -> "
         f"{report['loadavg_after'][0]:.2f})")
-  print("| iteration s | rollout s | reference s | update s | other s | "
-        "update MFU | rollout tok/s |")
-  print("|---|---|---|---|---|---|---|")
-  print(f"| {report['iteration_s']:.3f} | {report['rollout_s']:.3f} | "
-        f"{report['reference_s']:.3f} | {report['update_s']:.3f} | "
-        f"{report['other_s']:.3f} | {report['update_mfu']:.3f} | "
-        f"{report['rollout_tok_s']:.0f} |")
+  print("| layers | iteration s | rollout s | reference s | update s | "
+        "other s | update MFU | rollout tok/s |")
+  print("|---|---|---|---|---|---|---|---|")
+  for name, r in (("shipped", report), ("baseline", report["baseline"])):
+    loop_kind = "scan" if r["scan_layers"] else "unrolled"
+    print(f"| {loop_kind} ({name}) | {r['iteration_s']:.3f} | "
+          f"{r['rollout_s']:.3f} | {r['reference_s']:.3f} | "
+          f"{r['update_s']:.3f} | {r['other_s']:.3f} | "
+          f"{r['update_mfu']:.3f} | {r['rollout_tok_s']:.0f} |")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(report, f, indent=1, default=str)

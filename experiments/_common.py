@@ -42,6 +42,8 @@ def qwen2_5_model(*, vocab_size: int, d_model: int, n_layers: int,
       param_dtype="bfloat16",
       compute_dtype="bfloat16",
       remat=True,
+      # The layers in a lax.scan: compile time independent of depth.
+      scan_layers=True,
       # Splash attention on TPU (blockwise elsewhere) and log-probs 1024
       # positions at a time: neither T x T nor T x V is ever held.
       attention="auto",

@@ -29,6 +29,9 @@ def model_config() -> ml_collections.ConfigDict:
       param_dtype="float32",
       compute_dtype="float32",
       remat=False,
+      # Unrolled layers in training: faster for a shallow model, the same
+      # numbers (docs/speed.md); deep models keep the scan.
+      scan_layers=False,
       # kimi_jax/model/attention.py: dot | blockwise | splash | auto (splash
       # on TPU, blockwise elsewhere).
       attention="auto",

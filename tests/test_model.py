@@ -228,3 +228,35 @@ def test_right_padded_prefill_rows_of_different_lengths_then_decode():
                     np.ones((1, len(s)), np.int32), CFG)[0]
     np.testing.assert_allclose(np.concatenate(got[i]), alone, rtol=1e-5,
                                atol=1e-5, err_msg=f"row {i}")
+
+
+# --------------------------------------------------------------------------
+# Unrolled layers (model.scan_layers=False) == the scan
+
+
+def test_unrolled_layers_give_the_scans_loss_gradients_and_cache():
+  unrolled = dataclasses.replace(CFG, scan_layers=False)
+  params = _random_params(CFG, seed=21)
+  tokens = jnp.asarray(_tokens((3, 12), seed=22))
+  grad = jax.jit(jax.value_and_grad(
+      lambda p, c: _loss(p, tokens, c, None)[0]), static_argnums=1)
+  (loss_s, g_s), (loss_u, g_u) = grad(params, CFG), grad(params, unrolled)
+  np.testing.assert_allclose(float(loss_u), float(loss_s), rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(g_u), jax.tree.leaves(g_s)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5,
+                               atol=1e-7)
+  # The setting is for the cache-free path only: prefill into a cache
+  # scans as before, so sampling is the same program either way.
+  lowered = {
+      c.scan_layers: jax.jit(
+          lambda p, c=c: transformer.forward(
+              p, tokens, _positions(3, 12), np.ones((3, 12), np.int32),
+              cfg=c, cache=transformer.init_cache(c, 3, 16),
+              prefill=True)).lower(params).as_text()
+      for c in (CFG, unrolled)}
+  assert lowered[True] == lowered[False]
+  cache_free = {
+      c.scan_layers: jax.jit(lambda p, c=c: _loss(p, tokens, c, None)[0]
+                             ).lower(params).as_text()
+      for c in (CFG, unrolled)}
+  assert "while" in cache_free[True] and "while" not in cache_free[False]

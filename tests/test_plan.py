@@ -165,10 +165,13 @@ def test_activation_estimate_tracks_the_compiler(attention):
   # training loss (params and grads are arguments/outputs, not temps), with
   # remat as the long-CoT configs run. At T=512 the T x T attention term
   # dominates with dense attention, as it does at 32k; blockwise attention
-  # and chunked log-probs (128 positions) replace it with block terms.
+  # and chunked log-probs (128 positions) replace it with block terms. The
+  # layers in a scan, as the Qwen configs run them (unrolled, XLA:CPU keeps
+  # several times more temps alive; the plan is for the scanned models).
   config = load_config(QWEN_7B_TINY)
   cfg = dataclasses.replace(to_dataclass(ModelConfig, config.model, "model"),
                             n_layers=8, max_seq_len=512, remat=True,
+                            scan_layers=True,
                             attention=attention, attention_block=128,
                             logprob_chunk=128)
   sizes = dict(data=2, fsdp=2, tensor=2)

@@ -38,6 +38,13 @@ class ModelConfig:
   compute_dtype: str = "float32"
   # Rematerialise each layer in the backward pass (memory for compute).
   remat: bool = False
+  # Run the layers of the cache-free path (training, reference and
+  # evaluation log-probs) in a lax.scan (True: compile time independent of
+  # depth, the memory plan's assumption) or unrolled (False: no stacked
+  # residual buffers to fill and slice, faster for shallow models, but
+  # XLA may keep more temporaries alive; docs/speed.md). Prefill and
+  # decoding are unaffected.
+  scan_layers: bool = True
   # Attention of the training path and the prefill (kimi_jax/model/
   # attention.py): "dot" (dense T x T), "blockwise" (online softmax, plain
   # JAX), "splash" (Pallas TPU kernel), "auto" (splash on TPU, else

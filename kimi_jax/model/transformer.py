@@ -318,7 +318,12 @@ def hidden_states(params: Params, tokens_BxT: jax.Array,
 
   if cfg.remat:
     body = jax.checkpoint(body, prevent_cse=False)
-  x, new_kv = jax.lax.scan(body, x, (params["layers"], xs_cache))
+  if cache is None and not cfg.scan_layers:
+    for i in range(cfg.n_layers):
+      x, _ = body(x, (jax.tree.map(lambda a: a[i], params["layers"]), None))
+    new_kv = None
+  else:
+    x, new_kv = jax.lax.scan(body, x, (params["layers"], xs_cache))
   x = rms_norm(x, params["final_norm"], cfg.norm_eps)
   if cache is None:
     return x, None
