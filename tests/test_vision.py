@@ -279,6 +279,9 @@ def test_hf_errors_name_the_file_and_tensor(tmp_path):
     vision_hf.load_vision_hf(path, _cfg(mlp_dim=96))
   with pytest.raises(HFCheckpointError, match=r"vision\.d_model=16 disagrees"):
     vision_hf.vision_config_from_hf(path, d_model=16, **_RUN)
+  with pytest.raises(ValueError, match=r"unknown vision config keys: "
+                     r"\['vision\.patch'\]"):
+    vision_hf.vision_config_from_hf(path, patch=8, **_RUN)
   with pytest.raises(HFCheckpointError, match="already holds a checkpoint"):
     vision_hf.export_vision_hf(_init(tower, cfg, 0), cfg, path)
 

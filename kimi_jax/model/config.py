@@ -5,16 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-import jax.numpy as jnp
-
+from kimi_jax.dtypes import NamedDtypes, check_dtypes
 from kimi_jax.vision.config import VisionConfig
-
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
-           "float16": jnp.float16}
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(NamedDtypes):
   """A decoder-only transformer of the Llama / Qwen2 family.
 
   Qwen2 differs from Llama only by `qkv_bias=True` (and usually tied
@@ -84,10 +80,7 @@ class ModelConfig:
     if self.head_dim % 2:
       raise ValueError(f"model.head_dim must be even for rotary embeddings, "
                        f"got {self.head_dim}")
-    for name in ("param_dtype", "compute_dtype"):
-      if getattr(self, name) not in _DTYPES:
-        raise ValueError(f"model.{name} must be one of {sorted(_DTYPES)}, got "
-                         f"{getattr(self, name)!r}")
+    check_dtypes(self, "model")
     attentions = ("dot", "blockwise", "splash", "auto")
     if self.attention not in attentions:
       raise ValueError(f"model.attention must be one of {attentions}, got "
@@ -99,14 +92,6 @@ class ModelConfig:
     if self.rope_theta <= 0:
       raise ValueError(f"model.rope_theta must be positive, got "
                        f"{self.rope_theta}")
-
-  @property
-  def param_jnp_dtype(self):
-    return _DTYPES[self.param_dtype]
-
-  @property
-  def compute_jnp_dtype(self):
-    return _DTYPES[self.compute_dtype]
 
   @classmethod
   def from_mapping(cls, values: Mapping[str, Any]) -> "ModelConfig":

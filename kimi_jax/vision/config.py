@@ -5,14 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-import jax.numpy as jnp
-
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
-           "float16": jnp.float16}
+from kimi_jax.dtypes import NamedDtypes, check_dtypes
 
 
 @dataclasses.dataclass(frozen=True)
-class VisionConfig:
+class VisionConfig(NamedDtypes):
   """A SigLIP-family ViT, its projector and how images enter token rows.
 
   Tower: square images of `image_size` pixels and `channels` channels cut
@@ -76,10 +73,7 @@ class VisionConfig:
     if not self.norm_eps > 0:
       raise ValueError(f"vision.norm_eps must be positive, got "
                        f"{self.norm_eps!r}")
-    for name in ("param_dtype", "compute_dtype"):
-      if getattr(self, name) not in _DTYPES:
-        raise ValueError(f"vision.{name} must be one of {sorted(_DTYPES)}, "
-                         f"got {getattr(self, name)!r}")
+    check_dtypes(self, "vision")
 
   @property
   def grid(self) -> int:
@@ -106,14 +100,6 @@ class VisionConfig:
   @property
   def tokens_per_image(self) -> int:
     return (self.grid // self.pool) ** 2
-
-  @property
-  def param_jnp_dtype(self):
-    return _DTYPES[self.param_dtype]
-
-  @property
-  def compute_jnp_dtype(self):
-    return _DTYPES[self.compute_dtype]
 
   @classmethod
   def from_mapping(cls, values: Mapping[str, Any]) -> "VisionConfig":
