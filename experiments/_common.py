@@ -93,6 +93,9 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
       tags_field="tags",  # optional
       tests_field="tests",  # code tasks: stdin/stdout tests
       on_bad_row="error",  # or "skip": drop bad rows and count them
+      # A tokenizer directory for a model trained from scratch (only
+      # without init_from_hf, which brings the checkpoint's own).
+      tokenizer="",
       # Instruct checkpoints are prompted through their chat template (as
       # they were tuned); set False for a base model. The SFT data uses the
       # same template and system prompt, so SFT primes RL's prompt format.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from kimi_jax.data import curate as C
@@ -127,7 +128,11 @@ def test_detector_labels_forty_examples():
 # Duplicates
 
 
-def test_exact_and_near_duplicates():
+SEARCHES = ("pairwise", "minhash")
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_exact_and_near_duplicates(search):
   texts = [
       "What is the sum of 12 and 30?",               # 0 kept
       "what is the SUM of 12 and 30 ?!",             # 1 exact dup of 0
@@ -138,7 +143,7 @@ def test_exact_and_near_duplicates():
        "windows; how many windows are there in this village altogether?"),
       "Spell this word backward: stone",             # 5 kept
   ]
-  dups = dedup.find_duplicates(texts)
+  dups = dedup.find_duplicates(texts, dedup.DedupConfig(search=search))
   assert [(d.index, d.of, d.kind) for d in dups] == [
       (1, 0, "exact_duplicate"), (4, 3, "near_duplicate")]
   # An independent recomputation: lower-case words joined by one space,
@@ -152,11 +157,13 @@ def test_exact_and_near_duplicates():
   assert dups[1].similarity > 0.8
   # Without the numbers guard the templated pair 0/2 is a near duplicate
   # (one character of 29 differs).
-  loose = dedup.find_duplicates(texts, dedup.DedupConfig(same_numbers=False))
+  loose = dedup.find_duplicates(texts, dedup.DedupConfig(same_numbers=False,
+                                                         search=search))
   assert (2, 0, "near_duplicate") in [(d.index, d.of, d.kind) for d in loose]
 
 
-def test_template_guard_keeps_different_problems_of_one_template():
+@pytest.mark.parametrize("search", SEARCHES)
+def test_template_guard_keeps_different_problems_of_one_template(search):
   # reasoning-gym's own generator: prompts share a long template and differ
   # in one short word. On shingles alone every one of them is a near
   # duplicate of another; the template guard compares the words.
@@ -165,16 +172,77 @@ def test_template_guard_keeps_different_problems_of_one_template():
       "spell_backward", size=60, seed=0, min_word_len=3, max_word_len=5)]
   words = [q.rsplit(": ", 1)[1] for q in questions]
   repeats = {i for i, w in enumerate(words) if w in words[:i]}
-  off = dedup.find_duplicates(questions, dedup.DedupConfig(ignore_common=1.0))
+  off = dedup.find_duplicates(questions, dedup.DedupConfig(ignore_common=1.0,
+                                                          search=search))
   assert len(off) >= 40  # of 60
-  guarded = dedup.find_duplicates(questions)
+  guarded = dedup.find_duplicates(questions, dedup.DedupConfig(search=search))
   # Exactly the repeated words are duplicates, plus near ones that share
   # most of their letters (none in this draw of 3-5 letter words).
   assert {d.index for d in guarded} == repeats
   assert all(d.kind == "exact_duplicate" for d in guarded)
   # A rewording of one problem is still found among the templated ones.
   reworded = questions + [questions[3].replace("Spell", "spell") + " "]
-  assert dedup.find_duplicates(reworded)[-1].of == 3
+  assert dedup.find_duplicates(reworded, dedup.DedupConfig(
+      search=search))[-1].of == 3
+
+
+def _number_free_prompts(n: int, seed: int = 0) -> list[str]:
+  """Made-up-word prompts (one block: no numbers), every seventh a copy of
+  an earlier one with one word replaced or inserted (a near duplicate)."""
+  rng = np.random.default_rng(seed)
+  vocab = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"),
+                              rng.integers(3, 9))) for _ in range(400)]
+  texts: list[str] = []
+  for i in range(n):
+    if i % 7 == 6:
+      words = texts[rng.integers(0, i)].split()
+      where = int(rng.integers(0, len(words)))
+      if i % 2:
+        words[where] = vocab[rng.integers(0, 400)]
+      else:
+        words.insert(where, vocab[rng.integers(0, 400)])
+      texts.append(" ".join(words))
+    else:
+      texts.append(" ".join(vocab[j] for j in rng.integers(0, 400, 20)))
+  return texts
+
+
+def test_minhash_search_finds_what_the_pairwise_search_finds():
+  texts = _number_free_prompts(400)
+  pairwise = dedup.find_duplicates(texts, dedup.DedupConfig(search="pairwise"))
+  minhash = dedup.find_duplicates(texts, dedup.DedupConfig(search="minhash"))
+  # "auto" above its size limit is the MinHash search.
+  auto = dedup.find_duplicates(texts, dedup.DedupConfig(pairwise_max=100))
+  assert len(pairwise) >= 40  # most planted copies pass 0.8
+  assert minhash == pairwise == auto
+  # A stricter LSH (few bands of many rows) misses some: the search is
+  # what finds them, and what it reports is still exact.
+  strict = dedup.find_duplicates(texts, dedup.DedupConfig(
+      search="minhash", minhash_bands=2, minhash_rows=12))
+  assert 0 < len(strict) < len(pairwise)
+  assert set(strict) <= set(pairwise)
+
+
+def test_minhash_signature_agreement_estimates_jaccard():
+  a = frozenset(f"s{i}" for i in range(300))
+  b = frozenset(f"s{i}" for i in range(100, 400))  # Jaccard 200 / 400
+  sig_a = dedup.minhash_signature(a, 1000)
+  sig_b = dedup.minhash_signature(b, 1000)
+  # Each row agrees with probability 0.5: 1000 rows give 0.5 +- 0.016 (sd).
+  assert abs(np.mean(sig_a == sig_b) - 0.5) < 0.06
+  assert np.array_equal(dedup.minhash_signature(a, 1000), sig_a)
+  # By hand: 1 - (1 - 0.8^5)^25.
+  assert dedup.candidate_probability(0.8, 25, 5) == pytest.approx(
+      1 - (1 - 0.32768) ** 25)
+
+
+def test_dedup_search_settings_are_checked():
+  with pytest.raises(ValueError, match="search"):
+    dedup.DedupConfig(search="lsh")
+  with pytest.raises(ValueError, match="minhash_bands"):
+    dedup.DedupConfig(minhash_bands=0)
+  with pytest.raises(ValueError, match="search"):
+    C.CurateConfig(dedup_search="lsh")
 
 
 def test_near_threshold_is_inclusive_and_configurable():

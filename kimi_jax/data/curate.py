@@ -82,6 +82,9 @@ class CurateConfig:
   # Shingles in more than this fraction of the prompts are template
   # (kimi_jax/data/dedup.py); 1.0: off.
   dedup_ignore_common: float = 0.1
+  # "pairwise" (exact), "minhash" (LSH candidates, for large sets) or
+  # "auto": pairwise up to 2000 prompts (kimi_jax/data/dedup.py).
+  dedup_search: str = "auto"
   tags: bool = True
   tagger: str = "auto"
   max_per_tag: int = 0  # 0: no cap
@@ -147,7 +150,7 @@ class CurateConfig:
     return dedup_lib.DedupConfig(
         exact=self.dedup_exact, near=self.dedup_near, ngram=self.dedup_ngram,
         threshold=self.dedup_threshold, same_numbers=self.dedup_same_numbers,
-        ignore_common=self.dedup_ignore_common)
+        ignore_common=self.dedup_ignore_common, search=self.dedup_search)
 
   @property
   def needs_model(self) -> bool:
