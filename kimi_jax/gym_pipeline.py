@@ -73,6 +73,11 @@ class PipelineConfig:
     step by step, their prompt followed by `cot_cue`.
   cot_cue: what asks the model for steps (the "prompt engineering" of
     report 2.2 for a model that has only seen this cue).
+  cued_fraction: share of the worked solutions whose prompt carries
+    `cot_cue`; the rest answer the plain prompt step by step, so plain
+    prompts see both modes and the long-CoT stage (plain prompts, worked
+    answers) is not the first time the model reads a problem without the
+    cue before its steps (measured: docs/curation.md).
   long_cot_sft_steps: steps of the long-CoT SFT on the warm-up rows, at the
     start of the main job: `long_cot_warmup_steps` up to
     `long_cot_learning_rate`, then down to a tenth of it.
@@ -91,6 +96,7 @@ class PipelineConfig:
   sft_problems: int = 400
   direct_fraction: float = 0.5
   cot_cue: str = "\nThink step by step."
+  cued_fraction: float = 1.0
   long_cot_sft_steps: int = 100
   # Report 2.5.2's second stage re-warms to 1e-5 and decays to 1e-6 (a
   # tenth); for a model this small, ours: this peak, a tenth at the end.
@@ -106,8 +112,9 @@ class PipelineConfig:
                        ">= 1")
     if self.long_cot_sft_steps < 0:
       raise ValueError("pipeline.long_cot_sft_steps must be >= 0")
-    if not 0 <= self.direct_fraction <= 1:
-      raise ValueError("pipeline.direct_fraction must be in [0, 1]")
+    for key in ("direct_fraction", "cued_fraction"):
+      if not 0 <= getattr(self, key) <= 1:
+        raise ValueError(f"pipeline.{key} must be in [0, 1]")
     if self.warmup_from not in WARMUP_SOURCES:
       raise ValueError(f"pipeline.warmup_from must be one of "
                        f"{WARMUP_SOURCES}, got {self.warmup_from!r}")
@@ -201,13 +208,16 @@ def check(config: ml_collections.ConfigDict) -> None:
 def sft_rows(records: list[dict], pipe: PipelineConfig, seed: int
              ) -> list[dict]:
   """Vanilla SFT rows: direct answers to plain prompts for a
-  `direct_fraction` of the problems (a seeded choice), worked solutions to
-  cued prompts for the rest."""
-  rng = random.Random(seed)
+  `direct_fraction` of the problems (a seeded choice), worked solutions for
+  the rest, to the cued prompt for a `cued_fraction` of them and to the
+  plain prompt otherwise."""
+  rng, cue_rng = random.Random(seed), random.Random(seed + 1)
   rows = []
   for record in records:
     direct = rng.random() < pipe.direct_fraction
-    prompt = record["prompt"] + ("" if direct else pipe.cot_cue)
+    cued = not direct and (pipe.cued_fraction >= 1 or
+                           cue_rng.random() < pipe.cued_fraction)
+    prompt = record["prompt"] + (pipe.cot_cue if cued else "")
     rows.append({"id": record["id"], "prompt": prompt,
                  "response": solution(record, "direct" if direct else "cot")})
   return rows
@@ -301,14 +311,16 @@ def stage_warmup(config: ml_collections.ConfigDict, paths: Paths,
 
 
 def difficulty_rejected(rejected_path: str) -> list[dict]:
-  """The rows curation kept out of RL for their difficulty alone."""
+  """The rows curation kept out of RL for their difficulty alone, with the
+  fields its steps added before the drop (their tags, for the warm-up's
+  per-tag report)."""
   out = []
   with open(rejected_path) as f:
     for line in f:
       entry = json.loads(line)
       if (entry["step"] in DIFFICULTY_STEPS and
           entry["reason"] in DIFFICULTY_REASONS):
-        out.append(entry["row"])
+        out.append(dict(entry["row"], **entry.get("added", {})))
   return out
 
 

@@ -354,6 +354,11 @@ def test_pass_rate_and_bucket_from_known_answers(tmp_path):
             kept[prompt]["difficulty"]) == expected[rate]
   [trivial] = result.dropped
   assert trivial.reason == "trivial" and trivial.row.added["pass_rate"] == 1
+  # The side file keeps the row as read and, apart, what was measured.
+  entry = trivial.to_json(path)
+  assert entry["row"] == [r for r in rows if right[r["prompt"]] == 10][0]
+  assert entry["added"]["pass_rate"] == 1
+  assert entry["added"]["tags"] == ["rg/chain_sum"]
   # The curated rows feed the curriculum: `difficulty` is what it reads.
   from kimi_jax.rl.prompt_sampling import PromptSampler, PromptSamplingConfig
   sampler = PromptSampler(

@@ -115,10 +115,36 @@ def test_vanilla_sft_rows_mix_direct_and_cued_steps():
   assert rows == gym_pipeline.sft_rows(records, pipe, seed=0)
 
 
+def test_vanilla_sft_rows_can_ask_for_steps_without_the_cue():
+  records = _records("chain_sum", 200)
+  base = gym_pipeline.PipelineConfig(direct_fraction=0.25, cot_cue="\nCUE")
+  half = gym_pipeline.PipelineConfig(direct_fraction=0.25, cot_cue="\nCUE",
+                                     cued_fraction=0.5)
+  before = gym_pipeline.sft_rows(records, base, seed=0)
+  rows = gym_pipeline.sft_rows(records, half, seed=0)
+  kinds = []
+  for row, old, record in zip(rows, before, records):
+    is_cot = row["response"] == solution(record, "cot")
+    # The same problems are answered directly as without the knob.
+    assert is_cot == (old["response"] == solution(record, "cot"))
+    if not is_cot:
+      assert row["response"] == solution(record, "direct")
+      assert row["prompt"] == record["prompt"]
+      continue
+    cued = row["prompt"] == record["prompt"] + "\nCUE"
+    assert cued or row["prompt"] == record["prompt"]
+    kinds.append(cued)
+  assert 0.35 <= sum(kinds) / len(kinds) <= 0.65  # half of ~150, seeded
+
+
 def test_config_errors_name_the_key():
   config = gym_tiny.get_config("micro")
   config.pipeline.direct_fraction = 1.5
   with pytest.raises(ValueError, match="pipeline.direct_fraction"):
+    gym_pipeline.check(config)
+  config.pipeline.direct_fraction = 0.5
+  config.pipeline.cued_fraction = -0.1
+  with pytest.raises(ValueError, match="pipeline.cued_fraction"):
     gym_pipeline.check(config)
   # A JSONL task with neither a checkpoint nor a tokenizer of its own.
   from kimi_jax.experiment import parse_config
@@ -167,6 +193,8 @@ def test_micro_pipeline_end_to_end_and_rerun_is_a_no_op(tmp_path):
     record = curated[row["id"].split("#")[0]]
     assert row["prompt"] == record["prompt"]
     assert reward(record, row["response"]).correct
+    # Tagged as curation tagged it, kept or dropped.
+    assert row["tags"] == record["tags"] == [record["id"].rsplit("/", 2)[0]]
   # The RL run trained on the curated prompts, starting from the vanilla
   # policy, and read their measured pass rates.
   with open(os.path.join(workdir, "rl", "config.json")) as f:

@@ -186,6 +186,10 @@ class Dropped:
       out["row"] = self.row.raw
     else:
       out["row_text"] = self.row.text
+    if self.row.added:
+      # What the steps before the drop measured (tags, pass rate), apart
+      # from the row as read, which stays re-usable as input.
+      out["added"] = dict(self.row.added)
     return out
 
 
