@@ -16,7 +16,7 @@ from experiments import gym_tiny
 from kimi_jax import gym_pipeline
 from kimi_jax.config import ConfigError
 from kimi_jax.data import text_tokenizer
-from kimi_jax.data.gym_solutions import solution
+from kimi_jax.data.gym_solutions import solution, wrong_step
 from kimi_jax.model.tokenizer import load_hf_tokenizer
 from kimi_jax.rewards import registry
 from kimi_jax.rewards.reasoning_gym import make_records
@@ -101,6 +101,26 @@ def test_chain_sum_steps_by_hand():
                                      "<answer>4</answer>")
   with pytest.raises(ValueError, match="no worked solutions"):
     solution({"rg": {"dataset": "leg_counting"}, "metadata": {}}, "cot")
+
+
+def test_wrong_step_finds_the_first_step_off_the_worked_solution():
+  record = _records("chain_sum", 40)[0]
+  answer = solution(record, "cot").split("\n")[-1]
+  assert wrong_step(record, solution(record, "cot")) is None
+  assert wrong_step(record, answer) is None  # a direct answer: no steps
+  # A hand-made chain sum: 4 + 3 - 9, worked as 4 + 3 = 7, 7 - 9 = -2.
+  made = {"rg": {"dataset": "chain_sum"},
+          "metadata": {"expression": "4 + 3 - 9"}}
+  assert wrong_step(made, "4 + 3 = 7\n7 - 9 = -2\n<answer>-2</answer>") is None
+  # The right answer after a wrong step (a false positive of the answer).
+  assert wrong_step(made, "4 + 3 = 8\n8 - 9 = -2\n<answer>-2</answer>") == (
+      "step 1: '4 + 3 = 8'")
+  assert wrong_step(made, "4 + 3 = 7\n<answer>-2</answer>") == (
+      "steps stop after 1 of 2")
+  assert wrong_step(made, "4 + 3 = 7\n7 - 9 = -2\n-2 = -2\n<answer>-2"
+                    "</answer>") == "step 3: '-2 = -2'"
+  assert wrong_step({"rg": {"dataset": "leg_counting"}}, "x\n<answer>1"
+                    "</answer>") is None  # no worked format known
 
 
 def test_vanilla_sft_rows_mix_direct_and_cued_steps():

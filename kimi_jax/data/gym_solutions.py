@@ -72,3 +72,28 @@ def solution(record: Mapping[str, Any], style: str) -> str:
                      f"{dataset!r} (known: {sorted(SOLVERS)})")
   lines, answer = SOLVERS[dataset](record)
   return "\n".join((lines if style == "cot" else []) + [_tagged(answer)])
+
+
+def wrong_step(record: Mapping[str, Any], response: str) -> str | None:
+  """Where `response`'s worked steps leave the record's worked solution:
+  the first step line that differs from it, or a note that the steps stop
+  early; None when every step is right, when there are no step lines (a
+  direct answer) or when the dataset has no worked format here. The steps
+  are the non-empty lines before the first `<answer>`. In these formats the
+  right steps are unique (each line follows from the problem and the line
+  before), so comparing with the solution checks each step's copying and
+  arithmetic, not its wording."""
+  dataset = record.get("rg", {}).get("dataset")
+  if dataset not in SOLVERS:
+    return None
+  body = response.split("<answer>", 1)[0]
+  lines = [line.strip() for line in body.splitlines() if line.strip()]
+  if not lines:
+    return None
+  expected, _ = SOLVERS[dataset](record)
+  for i, line in enumerate(lines):
+    if i >= len(expected) or line != expected[i]:
+      return f"step {i + 1}: {line[:80]!r}"
+  if len(lines) < len(expected):
+    return f"steps stop after {len(lines)} of {len(expected)}"
+  return None

@@ -94,12 +94,20 @@ class ReasoningGymRewardConfig:
   partial_credit: keep the dataset's fractional scores (some scorers give
     e.g. 0.05 for a near miss); when False the score is 1 or 0.
   correct_threshold: a score at or above this counts as correct.
+  check_steps: a right answer reached through a wrong worked step scores 0
+    (process verification against the false positives of answer-only
+    checking that report 2.1 warns about; ours). Only datasets whose
+    worked-solution format kimi_jax/data/gym_solutions.py knows are checked,
+    and a response without step lines (a direct answer) is scored on its
+    answer. `correct` stays the answer's verdict, so evaluation and
+    curation still measure answers; `info["wrong_step"]` says where.
   """
 
   answer_tag: str | None = "answer"
   fallback: str = "none"
   partial_credit: bool = False
   correct_threshold: float = 1.0
+  check_steps: bool = False
 
 
 def extract_answer(response: str, answer_tag: str | None = "answer",
@@ -149,8 +157,14 @@ class ReasoningGymReward:
     raw = float(ds.score_answer(answer, entry))
     correct = raw >= self.config.correct_threshold
     score = raw if self.config.partial_credit else float(correct)
-    return RewardResult(score, correct,
-                        info={"answer": answer[:200], "raw_score": raw})
+    info = {"answer": answer[:200], "raw_score": raw}
+    if self.config.check_steps and score > 0:
+      from kimi_jax.data.gym_solutions import wrong_step
+      where = wrong_step(record, response)
+      if where is not None:
+        score = 0.0
+        info["wrong_step"] = where
+    return RewardResult(score, correct, info=info)
 
   def batch(self, records: Sequence[Mapping[str, Any]],
             responses: Sequence[str]) -> list[RewardResult]:

@@ -35,6 +35,11 @@ def _reasoning_gym(**options: Any) -> RewardFn:
   return ReasoningGymReward(**options)
 
 
+def _reasoning_gym_steps(**options: Any) -> RewardFn:
+  from kimi_jax.rewards.reasoning_gym import ReasoningGymReward
+  return ReasoningGymReward(**dict(options, check_steps=True))
+
+
 def _code(executor: Any = None, sandbox_url: str | None = None,
           **options: Any) -> RewardFn:
   from kimi_jax.rewards.code import CodeReward
@@ -72,6 +77,8 @@ def _pointer_chase(**options: Any) -> RewardFn:
 REWARDS: dict[str, Callable[..., RewardFn]] = {
     "math": _math,
     "reasoning_gym": _reasoning_gym,
+    # The same, with worked steps checked (ReasoningGymRewardConfig).
+    "reasoning_gym_steps": _reasoning_gym_steps,
     "code": _code,
     # Reward models: need the job's sharder (see the module doc).
     "rm_value": _reward_model("rm_value"),
