@@ -215,8 +215,8 @@ def sft_rows(records: list[dict], pipe: PipelineConfig, seed: int
   rows = []
   for record in records:
     direct = rng.random() < pipe.direct_fraction
-    cued = not direct and (pipe.cued_fraction >= 1 or
-                           cue_rng.random() < pipe.cued_fraction)
+    # Its own stream: the direct choices do not depend on cued_fraction.
+    cued = not direct and cue_rng.random() < pipe.cued_fraction
     prompt = record["prompt"] + (pipe.cot_cue if cued else "")
     rows.append({"id": record["id"], "prompt": prompt,
                  "response": solution(record, "direct" if direct else "cot")})

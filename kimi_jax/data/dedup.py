@@ -179,14 +179,14 @@ def find_duplicates(texts: Sequence[str], cfg: DedupConfig = DedupConfig(),
       found = (first_of_hash[key], "exact_duplicate", 1.0)
     elif cfg.near:
       grams = distinctive(all_grams[i], template)
-      block = numbers(text) if cfg.same_numbers else ()
+      keys = kept.keys(numbers(text) if cfg.same_numbers else (), grams)
       # Ties go to the later kept text, as max over (similarity, index).
-      best = max(((jaccard(grams, g), j)
-                  for j, g in kept.candidates(block, grams)), default=None)
+      best = max(((jaccard(grams, g), j) for j, g in kept.candidates(keys)),
+                 default=None)
       if best is not None and best[0] >= cfg.threshold:
         found = (best[1], "near_duplicate", best[0])
       else:
-        kept.add(block, i, grams)
+        kept.add(keys, i, grams)
     if found is None:
       first_of_hash.setdefault(key, i)
     elif i >= n_ref:  # a reference text repeating another is not reported
@@ -200,13 +200,16 @@ def find_duplicates(texts: Sequence[str], cfg: DedupConfig = DedupConfig(),
 
 class _PairwiseIndex:
   """Kept texts by block (number sequence, or one block): every one is a
-  candidate of every later text of its block."""
+  candidate of every later text of its block. A text's keys: its block."""
 
   def __init__(self):
     self._blocks: dict[tuple, list[tuple[int, frozenset]]] = {}
 
-  def candidates(self, block: tuple, grams: frozenset):
+  def keys(self, block: tuple, grams: frozenset) -> tuple:
     del grams
+    return block
+
+  def candidates(self, block: tuple):
     return self._blocks.get(block, ())
 
   def add(self, block: tuple, index: int, grams: frozenset) -> None:
@@ -252,23 +255,18 @@ class _MinHashIndex:
     self.bands, self.rows = bands, rows
     self._buckets: dict[tuple, list[int]] = {}
     self._grams: dict[int, frozenset] = {}
-    self._last: tuple = (None, None, None)  # a text's keys, for its add()
 
-  def _keys(self, block: tuple, grams: frozenset) -> list[tuple]:
-    if self._last[0] is grams and self._last[1] == block:
-      return self._last[2]
+  def keys(self, block: tuple, grams: frozenset) -> list[tuple]:
+    """A text's buckets, one per band."""
     sig_BxR = minhash_signature(grams, self.bands * self.rows).reshape(
         self.bands, self.rows)
-    keys = [(block, b, sig_BxR[b].tobytes()) for b in range(self.bands)]
-    self._last = (grams, block, keys)
-    return keys
+    return [(block, b, sig_BxR[b].tobytes()) for b in range(self.bands)]
 
-  def candidates(self, block: tuple, grams: frozenset):
-    seen = {j for key in self._keys(block, grams)
-            for j in self._buckets.get(key, ())}
+  def candidates(self, keys: list[tuple]):
+    seen = {j for key in keys for j in self._buckets.get(key, ())}
     return [(j, self._grams[j]) for j in sorted(seen)]
 
-  def add(self, block: tuple, index: int, grams: frozenset) -> None:
+  def add(self, keys: list[tuple], index: int, grams: frozenset) -> None:
     self._grams[index] = grams
-    for key in self._keys(block, grams):
+    for key in keys:
       self._buckets.setdefault(key, []).append(index)

@@ -29,6 +29,7 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
+from kimi_jax.data.gym_solutions import wrong_step
 from kimi_jax.rewards.base import RewardResult
 
 DEFAULT_PROMPT_SUFFIX = ("\n\nThink step by step, then give only the final "
@@ -159,7 +160,6 @@ class ReasoningGymReward:
     score = raw if self.config.partial_credit else float(correct)
     info = {"answer": answer[:200], "raw_score": raw}
     if self.config.check_steps and score > 0:
-      from kimi_jax.data.gym_solutions import wrong_step
       where = wrong_step(record, response)
       if where is not None:
         score = 0.0
