@@ -58,13 +58,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
               eval_every=10, eval_samples=4)
   c.prompt_sampling.initial_success_field = "pass_rate"
 
-  # 20000 problems per generator: 600 steps see each about once, so the
+  # 20000 problems per generator: 1500 steps see each about twice, so the
   # model learns to copy and compute rather than memorising 400 problems
-  # 44 times over; half the worked solutions answer the plain prompt, so
-  # the long-CoT stage (plain prompts, worked answers) shifts the mode
-  # mix instead of breaking the copying (docs/curation.md, measured).
+  # 44 times over (its loss still fell at 600 steps); half the worked
+  # solutions answer the plain prompt, so the long-CoT stage (plain
+  # prompts, worked answers) shifts the mode mix instead of breaking the
+  # copying (docs/curation.md, measured).
   c.pipeline = from_dataclass(PipelineConfig, cot_cue=COT_CUE,
-                              vanilla_sft_steps=600, sft_problems=20000,
+                              vanilla_sft_steps=1500, sft_problems=20000,
                               cued_fraction=0.5, long_cot_sft_steps=20)
   c.gym = from_dataclass(GymConfig, datasets=",".join(GYM_OPTIONS),
                          size=200, eval_size=50,

@@ -327,6 +327,17 @@ def difficulty_rejected(rejected_path: str) -> list[dict]:
 # ---- the two training runs ------------------------------------------------------
 
 
+def small_curated_set(kept: int, prompts_per_iteration: int) -> str | None:
+  """A warning when curation left fewer prompts than one RL iteration
+  draws: RL on a set that small learns its prompts and loses held-out
+  accuracy (measured: docs/curation.md)."""
+  if kept >= prompts_per_iteration:
+    return None
+  return (f"{kept} curated prompts, fewer than one RL iteration draws "
+          f"(rl.prompts_per_iteration={prompts_per_iteration}); more raw "
+          f"problems (gym.size) give RL more to learn from")
+
+
 def _train(config: ml_collections.ConfigDict, workdir: str,
            init_from: str | None = None) -> dict:
   done = policies.stage_done(workdir)
@@ -394,6 +405,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if curation is not None:
     log(f"gym pipeline: curation kept {curation['kept']} of "
         f"{curation['rows']} ({curation['dropped_by_reason']})")
+    warning = small_curated_set(curation["kept"],
+                                config.rl.prompts_per_iteration)
+    if warning:
+      log(f"gym pipeline: warning: {warning}")
   warm = timed("warmup", lambda: stage_warmup(config, paths, policy, reward))
   log(f"gym pipeline: warm-up accepted {warm['correct']} of "
       f"{warm['responses']} responses, {warm['rows']} rows")

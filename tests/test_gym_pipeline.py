@@ -97,8 +97,10 @@ def test_chain_sum_steps_by_hand():
   assert solution(record, "cot") == "1c 2a 3t\n3t 2a 1c\n<answer>tac</answer>"
   record = {"rg": {"dataset": "letter_counting"},
             "metadata": {"target_letter": "a", "span": ["Banana", "cat"]}}
-  assert solution(record, "cot") == ("Banana 3 3\ncat 1 4\n"
+  assert solution(record, "cot") == ("Ba1na2na3\nca4t\n"
                                      "<answer>4</answer>")
+  record["metadata"].update(target_letter="b", span=["Bob", "at"])
+  assert solution(record, "cot") == "B1ob2\nat\n<answer>2</answer>"
   with pytest.raises(ValueError, match="no worked solutions"):
     solution({"rg": {"dataset": "leg_counting"}, "metadata": {}}, "cot")
 
@@ -178,6 +180,13 @@ def test_config_errors_name_the_key():
 
 
 @pytest.mark.slow
+def test_small_curated_set_warns_below_one_iteration():
+  assert gym_pipeline.small_curated_set(32, 32) is None
+  warning = gym_pipeline.small_curated_set(10, 32)
+  assert "10 curated prompts" in warning and "prompts_per_iteration=32" in \
+      warning
+
+
 def test_micro_pipeline_end_to_end_and_rerun_is_a_no_op(tmp_path):
   workdir = str(tmp_path / "w")
   cmd = [sys.executable, "launch/tpu_run.py", "--config",
@@ -199,6 +208,10 @@ def test_micro_pipeline_end_to_end_and_rerun_is_a_no_op(tmp_path):
   assert count(paths.curated) + count(paths.rejected) == count(paths.train)
   assert summary["curation"]["kept"] == count(paths.curated)
   assert summary["curation"]["accounted"] is True
+  # A curated set smaller than one iteration's draw is called out.
+  per_iteration = gym_tiny.get_config("micro").rl.prompts_per_iteration
+  assert ("fewer than one RL iteration draws" in done.stdout) == (
+      summary["curation"]["kept"] < per_iteration)
   # The warm-up rows are verified responses to clean prompts: curated, or
   # kept out of RL for their difficulty alone (pipeline.warmup_from).
   reward = registry.make_reward("reasoning_gym")

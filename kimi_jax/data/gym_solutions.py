@@ -44,13 +44,24 @@ def spell_backward_steps(record: Mapping[str, Any]) -> tuple[list[str], str]:
 
 def letter_counting_steps(record: Mapping[str, Any]
                           ) -> tuple[list[str], str]:
-  """One line per word: its count of the letter and the running total."""
+  """One line per word, copied letter by letter with the running count
+  written after each occurrence of the letter: "Ba1na2na3" / "ca4t".
+
+  Each count sits next to the letter it counts, so a step is a copy, a
+  comparison with the target letter and a +1 on the number last written
+  (an earlier format, the word then its count and total, asked the model to
+  count the letters of a word it had just copied, which ours never learned:
+  docs/curation.md)."""
   meta = record["metadata"]
-  letter, total, lines = meta["target_letter"], 0, []
+  letter, total, lines = meta["target_letter"].lower(), 0, []
   for word in meta["span"]:
-    n = word.lower().count(letter)
-    total += n
-    lines.append(f"{word} {n} {total}")
+    line = []
+    for ch in word:
+      line.append(ch)
+      if ch.lower() == letter:
+        total += 1
+        line.append(str(total))
+    lines.append("".join(line))
   return lines, str(total)
 
 
