@@ -64,11 +64,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # solutions answer the plain prompt, so the long-CoT stage (plain
   # prompts, worked answers) shifts the mode mix instead of breaking the
   # copying (docs/curation.md, measured).
+  # One in ten vanilla rows answers directly: enough for the no-CoT guesses
+  # of the easy-to-hack step, while the plain prompt mostly gets steps
+  # (better models and a smaller curated-RL loss than one in two; measured).
   c.pipeline = from_dataclass(PipelineConfig, cot_cue=COT_CUE,
                               vanilla_sft_steps=1500, sft_problems=20000,
-                              cued_fraction=0.5, long_cot_sft_steps=20)
+                              direct_fraction=0.1, cued_fraction=0.5,
+                              long_cot_sft_steps=20)
+  # 1000 raw problems per generator: the easy-to-hack step drops most, and
+  # RL needs more prompts left than one iteration draws (32).
   c.gym = from_dataclass(GymConfig, datasets=",".join(GYM_OPTIONS),
-                         size=200, eval_size=50,
+                         size=1000, eval_size=50,
                          options_json=json.dumps(GYM_OPTIONS),
                          prompt_suffix="")
   c.reward = ml_collections.ConfigDict(dict(name="reasoning_gym",
