@@ -179,7 +179,6 @@ def test_config_errors_name_the_key():
     parse_config(config)
 
 
-@pytest.mark.slow
 def test_small_curated_set_warns_below_one_iteration():
   assert gym_pipeline.small_curated_set(32, 32) is None
   warning = gym_pipeline.small_curated_set(10, 32)
@@ -187,6 +186,7 @@ def test_small_curated_set_warns_below_one_iteration():
       warning
 
 
+@pytest.mark.slow
 def test_micro_pipeline_end_to_end_and_rerun_is_a_no_op(tmp_path):
   workdir = str(tmp_path / "w")
   cmd = [sys.executable, "launch/tpu_run.py", "--config",
