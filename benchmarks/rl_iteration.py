@@ -11,9 +11,12 @@ so no partial rollouts), mirror-descent loss, reference log-probs
 recomputed, one optimizer step over all 32 responses (one minibatch of all 8
 groups, 1 epoch), and a hash reward that differs within every group so no
 group is dropped as uninformative. `sampler.steps_per_call` and
-`model.scan_layers` come from experiments/tiny.py, as a user gets them; the
-same workload with the other `scan_layers` runs beside it, iteration by
-iteration, as the baseline (`baseline` in the JSON).
+`model.scan_layers` come from experiments/tiny.py, as a user gets them, and
+the train step gets the backend's compiler options
+(kimi_jax/compile_options.py). A baseline runs beside it, iteration by
+iteration (`baseline` in the JSON; `--baseline`): by default the same loop
+with its train step compiled with XLA's default options, or the other
+`scan_layers`.
 
 Reported, median over 5 iterations after 2 warm-ups: `iteration_s` (the
 whole iteration: handoff, rollout, reward, reference, update, bookkeeping),
@@ -35,6 +38,7 @@ import os
 import jax
 import numpy as np
 
+from kimi_jax import compile_options
 from kimi_jax.config import load_config
 from kimi_jax.data import synthetic
 from kimi_jax.model import transformer
@@ -63,7 +67,10 @@ def shipped_scan_layers() -> bool:
   return bool(load_config(TINY).model.scan_layers)
 
 
-def build_loop(scan_layers: bool) -> tuple[RLLoop, LoopState, object]:
+def build_loop(scan_layers: bool, compiler_options: dict | None = None
+               ) -> tuple[RLLoop, LoopState, object]:
+  """The workload's loop; `compiler_options` for its train step (None: the
+  shipped backend options of kimi_jax/compile_options.py, {}: XLA's)."""
   cache_len = PROMPT_LEN + RESPONSE_LEN
   model = dataclasses.replace(QWEN_SHAPED, max_seq_len=cache_len,
                               scan_layers=scan_layers)
@@ -80,7 +87,8 @@ def build_loop(scan_layers: bool) -> tuple[RLLoop, LoopState, object]:
                 max_response_len=RESPONSE_LEN, token_budget=RESPONSE_LEN,
                 reference_logprobs="recompute",
                 train_len_buckets=(cache_len,), pack_sequences=False)
-  learner = Learner(model, rl, sharder, cache_len=cache_len)
+  learner = Learner(model, rl, sharder, cache_len=cache_len,
+                    compiler_options=compiler_options)
   task = synthetic.make_synthetic_task(synthetic.SyntheticConfig(
       vocab_size=model.vocab_size, group_size=SAMPLES, prompt_len=PROMPT_LEN,
       fixed_len=RESPONSE_LEN, n_prompts=256))
@@ -143,22 +151,39 @@ def summary(loop: RLLoop, timed: list[dict], peak: float) -> dict:
           peak / (2 * n_params)))
 
 
-def run() -> dict:
+BASELINES = {
+    # name: (scan_layers differs from the shipped loop, train-step options)
+    "xla_options": (False, {}),
+    "layer_loop": (True, None),
+}
+
+
+def run(baseline: str = "xla_options") -> dict:
+  """The shipped loop and one baseline, interleaved iteration by iteration.
+  (Only one: a third loop in the process slowed every loop's rollout by
+  about 20% on the 2-core box, so each baseline gets its own run.)"""
   load_before = os.getloadavg()
   peak = matmul_peak_flops()
   scan = shipped_scan_layers()
-  # The shipped setting, and beside it the other layer loop as a baseline.
-  loops = {"shipped": build_loop(scan), "baseline": build_loop(not scan)}
+  flip_scan, options = BASELINES[baseline]
+  base_scan = scan != flip_scan
+  loops = {"shipped": build_loop(scan),
+           "baseline": build_loop(base_scan, compiler_options=options)}
   rows = timed_iterations(loops)
   loop = loops["shipped"][0]
+  shipped_options = compile_options.train_step_options(
+      jax.devices()[0].platform)
   return dict(
       device=str(jax.devices()[0]), params=count_params(loop.learner.model),
       steps_per_call=loop.sampler.steps_per_call, scan_layers=scan,
+      train_compiler_options=shipped_options,
       workload=dict(prompts=PROMPTS, samples=SAMPLES, prompt_len=PROMPT_LEN,
                     response_len=RESPONSE_LEN, warmup=WARMUP, timed=TIMED),
       **summary(loop, rows["shipped"], peak),
       matmul_peak_flops=peak,
-      baseline=dict(scan_layers=not scan,
+      baseline=dict(name=baseline, scan_layers=base_scan,
+                    train_compiler_options=(shipped_options if options is None
+                                            else options),
                     **summary(loops["baseline"][0], rows["baseline"], peak)),
       loadavg_before=list(load_before), loadavg_after=list(os.getloadavg()))
 
@@ -169,19 +194,28 @@ def main(argv=None) -> dict:
       epilog="\n\n".join(__doc__.split("\n\n")[1:]),
       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--json", help="write results here")
+  parser.add_argument(
+      "--baseline", choices=sorted(BASELINES), default="xla_options",
+      help="what runs beside the shipped loop: its train step compiled with "
+      "XLA's default options (xla_options), or the other model.scan_layers "
+      "(layer_loop)")
   args = parser.parse_args(argv)
   precision = pin_matmul_precision()
-  report = dict(run(), matmul_precision=precision)
+  report = dict(run(args.baseline), matmul_precision=precision)
   print(f"\nRL iteration, fixed workload ({report['device']}, "
         f"{report['steps_per_call']} decode steps per call; load "
         f"{report['loadavg_before'][0]:.2f} -> "
         f"{report['loadavg_after'][0]:.2f})")
-  print("| layers | iteration s | rollout s | reference s | update s | "
-        "other s | update MFU | rollout tok/s |")
-  print("|---|---|---|---|---|---|---|---|")
-  for name, r in (("shipped", report), ("baseline", report["baseline"])):
-    loop_kind = "scan" if r["scan_layers"] else "unrolled"
-    print(f"| {loop_kind} ({name}) | {r['iteration_s']:.3f} | "
+  print("| run | layers | train-step compiler options | iteration s | "
+        "rollout s | reference s | update s | other s | update MFU | "
+        "rollout tok/s |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
+  for name, r in (("shipped", report),
+                  (f"baseline ({args.baseline})", report["baseline"])):
+    layers = "scan" if r["scan_layers"] else "unrolled"
+    options = (", ".join(f"{k}={v}" for k, v in
+                         r["train_compiler_options"].items()) or "XLA's")
+    print(f"| {name} | {layers} | {options} | {r['iteration_s']:.3f} | "
           f"{r['rollout_s']:.3f} | {r['reference_s']:.3f} | "
           f"{r['update_s']:.3f} | {r['other_s']:.3f} | "
           f"{r['update_mfu']:.3f} | {r['rollout_tok_s']:.0f} |")

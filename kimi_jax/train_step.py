@@ -9,7 +9,7 @@ Non-finite loss or gradient norm leaves the state untouched and reports
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import flax.struct
 import jax
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from kimi_jax import compile_options
 from kimi_jax.model import logprobs, transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sharding import Sharder
@@ -238,8 +239,17 @@ class TraceCounter:
 
 
 def jit_train_step(loss_fn: LossFn, optimizer, shardings: TrainState,
-                   batch_sharding: Any) -> tuple[Callable, TraceCounter]:
-  """The step jitted with in/out shardings and the state donated."""
+                   batch_sharding: Any, *,
+                   compiler_options: Mapping[str, str] | None = None
+                   ) -> tuple[Callable, TraceCounter]:
+  """The step jitted with in/out shardings and the state donated.
+
+  `compiler_options` None: the train-step options of the mesh's backend
+  (`kimi_jax.compile_options`); {} compiles with XLA's defaults.
+  """
+  if compiler_options is None:
+    platform = shardings.step.mesh.devices.flat[0].platform
+    compiler_options = compile_options.train_step_options(platform)
   counter = TraceCounter(
       lambda state, batch: train_step(state, batch, loss_fn=loss_fn,
                                       optimizer=optimizer,
@@ -247,7 +257,8 @@ def jit_train_step(loss_fn: LossFn, optimizer, shardings: TrainState,
   # Metrics come back replicated so every process can read them.
   step = jax.jit(counter, in_shardings=(shardings, batch_sharding),
                  out_shardings=(shardings, shardings.step),
-                 donate_argnums=(0,))
+                 donate_argnums=(0,),
+                 compiler_options=dict(compiler_options) or None)
   return step, counter
 
 

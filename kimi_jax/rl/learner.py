@@ -48,7 +48,9 @@ class Learner:
   """Optimizer, shardings and jitted functions of the RL stage."""
 
   def __init__(self, model: ModelConfig, rl: RLConfig, sharder: Sharder, *,
-               cache_len: int):
+               cache_len: int, compiler_options: dict[str, str] | None = None):
+    # None: the backend's train-step options (kimi_jax.compile_options).
+    self.compiler_options = compiler_options
     self.model = model
     self.rl = rl
     self.sharder = sharder
@@ -91,7 +93,8 @@ class Learner:
 
       fn, counter = ts.jit_train_step(
           loss_fn, self.optimizer, self.shardings,
-          (batch_shardings(self.sharder, mb), self.sharder.replicated()))
+          (batch_shardings(self.sharder, mb), self.sharder.replicated()),
+          compiler_options=self.compiler_options)
       self._steps[key] = fn
       self._counters.append(counter)
     return self._steps[key]
