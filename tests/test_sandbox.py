@@ -17,6 +17,7 @@ import pytest
 from kimi_jax.sandbox import (ExecRequest, ExecResult, RequestCaps, Sandbox,
                               SandboxClient, SandboxLimits,
                               SandboxRequestError, SandboxUnavailableError)
+from kimi_jax.sandbox import isolation
 from kimi_jax.sandbox.runner import RawOutcome
 from kimi_jax.sandbox.sandbox import classify
 from kimi_jax.sandbox.server import ServerConfig, make_server
@@ -193,6 +194,19 @@ def test_classify_is_pure():
                   LIMITS).status == "timeout"
   assert classify(raw(returncode=128 + 9), "python",
                   LIMITS).status == "runtime_error"
+  # A parent exiting 1 after its child's CPU kill that the watchdog missed:
+  # the tree's CPU time (2.05 s against the 2 s limit) tells; below the limit,
+  # or in C++ (its tree time includes the compile), it does not.
+  assert classify(raw(returncode=1, cpu_s=2.05), "python",
+                  LIMITS).status == "timeout"
+  assert classify(raw(returncode=1, cpu_s=2.05), "javascript",
+                  LIMITS).status == "timeout"
+  assert classify(raw(returncode=1, cpu_s=1.9), "python",
+                  LIMITS).status == "runtime_error"
+  compiled = isolation.STARTED_MARK + isolation.COMPILED_MARK
+  assert classify(raw(returncode=1, cpu_s=2.05, status=compiled), "cpp",
+                  LIMITS).status == "runtime_error"
+  assert classify(raw(returncode=0, cpu_s=2.05), "python", LIMITS).status == "ok"
 
 
 # -- command line ---------------------------------------------------------------

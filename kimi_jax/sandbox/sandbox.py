@@ -77,7 +77,11 @@ def classify(raw: RawOutcome, language: str, limits: SandboxLimits) -> ExecResul
     return result("ok", 0)
   # The CPU rlimit: SIGXCPU at the soft limit, SIGKILL at the hard one (for
   # programs that catch SIGXCPU), or a parent dying of its child's limit.
-  if (sig == _SIGXCPU or raw.cpu_limit_hit or
+  # The watchdog can miss the child's last moments on a loaded host, so a
+  # failed run whose tree (reaped children included) used the limit counts
+  # too; not for C++, whose tree time includes the compiler's.
+  tree_at_limit = language != "cpp" and raw.cpu_s >= limits.cpu_time_s
+  if (sig == _SIGXCPU or raw.cpu_limit_hit or tree_at_limit or
       (sig == signal.SIGKILL and raw.cpu_s >= limits.cpu_time_s)):
     return result("timeout", exit_code)
   if _OOM_PATTERNS.search(raw.stderr[-4096:]):
