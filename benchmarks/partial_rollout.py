@@ -305,8 +305,8 @@ def print_table(r: dict[str, Any]) -> None:
         f"{s['queued_min_tokens']} window tokens remain), lengths "
         f"{1 - s['long_frac']:.0%} ~{s['median_len']} / {s['long_frac']:.0%} "
         f"{s['long_len']}, budget {s['budget']}, train_on_old_segments="
-        f"{s['train_on_old_segments']}, {s['iterations']} timed iterations "
-        f"each)")
+        f"{s['train_on_old_segments']}, {s['steps_per_call']} decode steps "
+        f"per call, {s['iterations']} timed iterations each)")
   cols = ("groups_trained", "trained_tokens", "rollout_s", "train_s",
           "wall_s", "decode_steps", "prefill_tokens", "slot_utilisation",
           "groups_per_s", "trained_tokens_per_s")
@@ -368,9 +368,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="K responses per prompt (default: %(default)s)")
   parser.add_argument("--minibatch-prompts", type=int, default=4,
                       help="prompts per train step (default: %(default)s)")
-  parser.add_argument("--steps-per-call", type=int, default=1,
+  parser.add_argument("--steps-per-call", type=int, default=None,
                       help="sampler.steps_per_call, decode steps per engine "
-                      "call (default: %(default)s)")
+                      "call (default: experiments/tiny.py's, as the RL loop "
+                      "runs it)")
   parser.add_argument("--learning-rate", type=float, default=1e-3)
   parser.add_argument("--mask-old-segments", action="store_true",
                       help="rl.train_on_old_segments=False: only each "
@@ -389,7 +390,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="also write the results here as JSON")
   parser.add_argument("--verbose", action="store_true",
                       help="progress per iteration on stderr")
-  return parser.parse_args(argv)
+  args = parser.parse_args(argv)
+  if args.steps_per_call is None:
+    args.steps_per_call = int(load_config(TINY).sampler.steps_per_call)
+  return args
 
 
 def main(argv=None) -> dict[str, Any]:
