@@ -357,6 +357,7 @@ def main_job_functions(config: Any, sharder: Sharder
   from kimi_jax.rl.config import RLConfig
   from kimi_jax.rl.learner import Learner
   from kimi_jax.sampler.config import SamplerConfig
+  from kimi_jax.sampler import repetition
   from kimi_jax.sampler.engine import Engine
   # Only the sections that shape the programs: a slice is checked before
   # the data paths (task, sft) are chosen.
@@ -366,7 +367,8 @@ def main_job_functions(config: Any, sharder: Sharder
   learner = Learner(model, rl, sharder, cache_len=sampler.cache_len)
   engine = Engine(model, sampler.engine, sharder=sharder)
   return {**learner.aot_functions(),
-          **engine.aot_functions(sampler.steps_per_call)}
+          **engine.aot_functions(sampler.steps_per_call,
+                                 repetition.device_rule(sampler.repeat))}
 
 
 def aot_report(config: Any, topology: str) -> dict[str, Any]:

@@ -3,14 +3,17 @@ the device stops slots at their limits and stop tokens, and reports exactly
 the tokens a one-step-at-a-time decode gives."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sampler.driver import SampleRequest, Sampler
-from kimi_jax.sampler.engine import DEVICE_STOP_TOKENS, Engine, EngineConfig
-from kimi_jax.sampler.repetition import RepeatConfig
+from kimi_jax.sampler.engine import (DEVICE_STOP_TOKENS, Engine, EngineConfig,
+                                     FinishWatch)
+from kimi_jax.sampler.repetition import (RepeatConfig, repeating,
+                                         repeating_on_device, tails)
 from kimi_jax.sampler.sampling import SamplingParams
 
 CFG = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4,
@@ -74,12 +77,77 @@ def test_results_do_not_depend_on_steps_per_call(params, engine):
   reasons = {r.finish_reason for r in want}
   assert {"length", "budget", "stop"} <= reasons, reasons
   assert any(r is None for r in want_window)  # the window left some out
+  calls_window = one.generate(params, reqs, window=9,
+                              min_admit=2)[1].generate_calls
   for steps in (4, 16):
     many = Sampler(engine, repeat, steps_per_call=steps)
     got, stats = many.generate(params, reqs)
     _same(got, want)
     assert stats.generate_calls < one.generate(params, reqs)[1].generate_calls
-    _same(many.generate(params, reqs, window=9, min_admit=2)[0], want_window)
+    got, stats = many.generate(params, reqs, window=9, min_admit=2)
+    _same(got, want_window)
+    # Queued requests wait inside the window, and calls still run several
+    # steps: each ends at the first finish (engine.FinishWatch).
+    assert stats.generate_calls < calls_window
+
+
+def test_a_repeat_ends_a_watched_call_where_the_host_sees_it(params, engine):
+  """Requests that loop (greedy on a repetitive prompt, repeat rule 1 x 3)
+  and more of them than slots, in a window: the same results and fewer
+  calls with 16 steps per call, so the device caught the repeats at the
+  step the host does."""
+  repeat = RepeatConfig(ngram=1, times=3)
+  reqs = [SampleRequest(i, (5, 5, 5, 5) if i % 2 else _prompt(950 + i, 6),
+                        max_new_tokens=30,
+                        sampling=SamplingParams(greedy=i % 2 == 1, seed=i))
+          for i in range(10)]
+  want, one = Sampler(engine, repeat, steps_per_call=1).generate(
+      params, reqs, window=24, min_admit=1)
+  got, many = Sampler(engine, repeat, steps_per_call=16).generate(
+      params, reqs, window=24, min_admit=1)
+  assert "repeat" in {r.finish_reason for r in want if r is not None}
+  _same(got, want)
+  assert many.generate_calls < one.generate_calls
+
+
+@pytest.mark.host_inputs
+def test_repeat_rule_on_device_matches_the_host():
+  rng = np.random.default_rng(0)
+  for ngram, times in ((1, 2), (2, 3), (4, 4), (3, 5)):
+    cfg = RepeatConfig(ngram=ngram, times=times)
+    responses = rng.integers(0, 3, (64, 40))
+    for b in range(0, 64, 3):  # plant loops of every period
+      p = 1 + b % ngram
+      end = p * times + b % (40 - p * times)
+      responses[b, end - p * times:end] = np.tile(rng.integers(0, 3, p),
+                                                  times)
+    lengths = rng.integers(0, 41, 64)
+    lengths[::3] = np.minimum(lengths[::3] + 40, 40)
+    tail = tails(responses, lengths, cfg.window)
+    want = repeating(tail, lengths, cfg)
+    assert 0 < want.sum() < 64
+    got = repeating_on_device(jnp.asarray(tail), jnp.asarray(lengths), ngram,
+                              times)
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_a_watch_ends_the_call_after_the_first_finish(params, engine):
+  prompts = [_prompt(900 + i, 5) for i in range(4)]
+  greedy = [SamplingParams(greedy=True)] * 4
+  prefix = engine.prefill_batch(params, prompts, greedy, [0] * 4)
+
+  def run(watch_steps):
+    state = engine.insert_batch(prefix, engine.init_decode_state(), range(4))
+    watch = FinishWatch(watch_steps, np.zeros((4, 0), np.int32),
+                        np.full((4,), 1, np.int32), np.zeros((4,), bool), 0, 0)
+    _, tokens, _ = engine.generate(params, state, 8, steps_left=[8, 3, 8, 5],
+                                   watch=watch)
+    return int(np.sum(np.asarray(tokens)[:, 0] >= 0))  # steps run
+
+  assert run(0) == 8  # no watch: until n_steps
+  assert run(8) == 3  # slot 1 ends after 3 steps
+  assert run(3) == 3
+  assert run(2) == 8  # every end (3, 5) is past the watched steps
 
 
 def test_device_stops_slots_at_their_limits_and_stop_tokens(params, engine):
@@ -109,3 +177,26 @@ def test_device_stops_slots_at_their_limits_and_stop_tokens(params, engine):
                                      steps_left=[0, 0, 0, 0])
   np.testing.assert_array_equal(np.asarray(state.cache.lengths), lengths)
   assert (np.asarray(tokens) == -1).all()
+
+
+def test_a_stop_token_the_device_does_not_check_keeps_calls_to_one_step(
+    params, engine):
+  """A request ends on its ninth stop token (beyond the DEVICE_STOP_TOKENS
+  the device checks) while others wait for its slot: with 16 steps per call
+  the waiting request still starts at the step that slot frees up."""
+  def reqs(stop):
+    out = [SampleRequest(0, _prompt(960, 7), max_new_tokens=12, stop_tokens=stop,
+                         sampling=SamplingParams(seed=1))]
+    return out + [SampleRequest(i, _prompt(960 + i, 5 + i), max_new_tokens=12,
+                                sampling=SamplingParams(seed=i))
+                  for i in range(1, 7)]
+
+  free = Sampler(engine, RepeatConfig(enabled=False), steps_per_call=1)
+  tokens = free.generate(params, reqs(()))[0][0].tokens
+  unseen = [t for t in range(64) if t not in tokens][:DEVICE_STOP_TOKENS]
+  stop = tuple(unseen) + (tokens[2],)
+  assert len(stop) == DEVICE_STOP_TOKENS + 1 and tokens[2] not in tokens[:2]
+  want = free.generate(params, reqs(stop), window=10)[0]
+  assert want[0].finish_reason == "stop" and len(want[0].tokens) == 3
+  many = Sampler(engine, RepeatConfig(enabled=False), steps_per_call=16)
+  _same(many.generate(params, reqs(stop), window=10)[0], want)

@@ -29,7 +29,9 @@ from typing import Any, Hashable, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from kimi_jax.sampler.engine import DecodeState, Engine, Prefix
+from kimi_jax.sampler import repetition
+from kimi_jax.sampler.engine import (DEVICE_STOP_TOKENS, DecodeState, Engine,
+                                     FinishWatch, Prefix)
 from kimi_jax.sampler.repetition import RepeatConfig, repeating, tails
 from kimi_jax.sampler.sampling import SamplingParams
 from kimi_jax.vision import merge
@@ -220,6 +222,11 @@ class _Slots:
     is_stop = np.any(self.stop[slots] == tokens[:, None], axis=1)
     return np.where(is_stop, _STOP, code)
 
+  def device_sees_every_stop(self) -> bool:
+    """Whether the device checks all stop tokens of every running slot."""
+    running = self.request >= 0
+    return not (self.stop[running, DEVICE_STOP_TOKENS:] >= 0).any()
+
   def steps_left(self) -> np.ndarray:
     """Tokens each slot may still produce before its length or budget stop
     (0 for free slots): the device ends a slot there."""
@@ -257,7 +264,9 @@ class Sampler:
   a slot that finishes mid-call otherwise idles until the call ends, and new
   requests wait for it. Results do not depend on it: keys are per request
   and token index, and with a `window`, while queued requests could still
-  start, every call is one step, so they start at the same step as with 1.
+  start, each call ends at the first step a slot finishes (the device
+  applies every finish rule: `engine.FinishWatch`), so they start at the
+  same step as with 1.
   """
 
   def __init__(self, engine: Engine, repeat: RepeatConfig = RepeatConfig(),
@@ -327,12 +336,20 @@ class Sampler:
       # A window's queued requests must start at the step a slot frees up
       # (their budget is what is left of the window). Without a window a
       # request's tokens do not depend on when it starts.
-      rows = 1 if (pending and window is not None and
-                   window - steps - 1 >= min_admit) else self.steps_per_call
+      watch_steps = (window - steps - min_admit if pending and
+                     window is not None else 0)
+      rows = self.steps_per_call
+      watch = None
+      if watch_steps > 0:
+        if slots.device_sees_every_stop():
+          watch = self._watch(slots, watch_steps)
+        else:  # the device could miss a finish: one step per call
+          rows = 1
       state, tokens_NxB, logprobs_NxB = engine.generate(
           decode_params, state, self.steps_per_call,
           steps_left=np.minimum(slots.steps_left(), rows),
-          stop_tokens=slots.stop)
+          stop_tokens=slots.stop,
+          watch=self._no_watch(slots) if watch is None else watch)
       # One host read per call: the decode output and the first tokens of
       # the rounds admitted before it.
       tokens_NxB, logprobs_NxB, firsts = jax.device_get(
@@ -433,6 +450,24 @@ class Sampler:
             None if done else int(slot)
             for slot, done in zip(slots_g, done_g)])
     return state, sum(len(q) for q in seqs), len(taken), late
+
+  def _watch(self, slots: _Slots, steps: int) -> FinishWatch:
+    """The device's view of every finish rule, to end a call at the first
+    finish within `steps` steps (see `engine.FinishWatch`)."""
+    ngram, times = repetition.device_rule(self.repeat)
+    total_B = slots.n_prefix + slots.n_new
+    tail_BxW = repetition.tails(slots.response, total_B, ngram * times)
+    return FinishWatch(steps, tail_BxW, total_B, slots.first_pending.copy(),
+                       ngram, times)
+
+  def _no_watch(self, slots: _Slots) -> FinishWatch:
+    """A watch that never ends a call, of the same shapes as `_watch`'s (one
+    compiled program for both)."""
+    ngram, times = repetition.device_rule(self.repeat)
+    B = len(slots.request)
+    return FinishWatch(0, np.zeros((B, ngram * times), np.int32),
+                       np.zeros((B,), np.int32), np.zeros((B,), bool),
+                       ngram, times)
 
   def _first_may_finish(self, req: SampleRequest, budget: int) -> bool:
     """Whether the token a prefill samples could end `req` (admitted with

@@ -40,6 +40,7 @@ import numpy as np
 
 from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
+from kimi_jax.sampler.repetition import repeating_on_device
 from kimi_jax.sampler.sampling import (SamplingParams, SlotSampling,
                                        empty_slot_sampling, sample_tokens,
                                        stacked_slot_sampling)
@@ -51,6 +52,33 @@ Params = dict[str, Any]
 # Stop tokens per slot the device checks to end a `generate` call early; the
 # driver checks all of a request's stop tokens on the host either way.
 DEVICE_STOP_TOKENS = 8
+
+
+class FinishWatch(NamedTuple):
+  """Ends a `generate` call at the first step where a slot finishes.
+
+  While requests wait for a slot inside a rollout window, they must start at
+  the step a slot frees up (their budget is what is left of the window); the
+  driver then used to decode one step per call. With a watch, a call of many
+  steps ends right after the first step (within the first `steps` ones) at
+  which a running slot stops: its stop token, its steps left, or the repeat
+  rule of `repetition.repeating` (checked on device over the tails given
+  here). The host then finds the same finish at the same step.
+
+  steps: finishes after more steps than this do not end the call (no
+    request could start then). tail_BxW: the last W = ngram * times tokens
+    of each slot's response as the host holds it (-1 where shorter);
+    length_B: those response lengths; first_B: slots whose current token
+    (sampled by their prefill) the host has not appended yet. ngram, times:
+    the repeat rule (ngram 0: no repeat check).
+  """
+
+  steps: int
+  tail_BxW: np.ndarray
+  length_B: np.ndarray
+  first_B: np.ndarray
+  ngram: int
+  times: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +188,7 @@ class Engine:
     self._state_shardings = self._make_state_shardings()
     self._init_jit = jax.jit(self._init_fn,
                              out_shardings=self._state_shardings)
-    self._generate_jit = jax.jit(self._generate_fn, static_argnums=(2,),
+    self._generate_jit = jax.jit(self._generate_fn, static_argnums=(2, 3),
                                  donate_argnums=(1,))
     self._prefill_batch_jit = jax.jit(self._prefill_batch_fn)
     self._insert_batch_jit = jax.jit(self._insert_batch_fn,
@@ -269,7 +297,7 @@ class Engine:
 
   def generate(self, params: Params | transformer.DecodeParams,
                state: DecodeState, n_steps: int = 1, *, steps_left=None,
-               stop_tokens=None
+               stop_tokens=None, watch: FinishWatch | None = None
                ) -> tuple[DecodeState, jax.Array, jax.Array]:
     """n_steps decode steps for every slot in one call.
 
@@ -281,8 +309,9 @@ class Engine:
     `DEVICE_STOP_TOKENS` of its stop tokens (-1: none); a stopped slot no
     longer advances (its later entries are 0), and a slot whose current
     token is one of its stop tokens does not run at all. The call ends once no slot
-    runs; the tokens of steps it did not run are -1. The host still applies
-    every finish rule itself.
+    runs, or with `watch` after the first step at which a slot finishes (see
+    `FinishWatch`); the tokens of steps it did not run are -1. The host
+    still applies every finish rule itself.
     """
     if n_steps < 1:
       raise ValueError(f"n_steps must be >= 1, got {n_steps}")
@@ -296,8 +325,20 @@ class Engine:
     if stop_tokens is not None:
       stop = np.asarray(stop_tokens, np.int32)[:, :DEVICE_STOP_TOKENS]
       stop_BxW[:, :stop.shape[1]] = stop
-    return self._generate_jit(params, state, int(n_steps),
-                              *self._put_slots((left_B, stop_BxW)))
+    if watch is None:
+      watch = FinishWatch(0, np.zeros((B, 0), np.int32),
+                          np.zeros((B,), np.int32), np.zeros((B,), bool), 0, 0)
+    W = watch.ngram * watch.times
+    if watch.tail_BxW.shape != (B, W):
+      raise ValueError(f"watch.tail_BxW must be {B} x {W} (slots x ngram * "
+                       f"times), got {watch.tail_BxW.shape}")
+    return self._generate_jit(
+        params, state, int(n_steps), (watch.ngram, watch.times),
+        *self._put_slots((left_B, stop_BxW,
+                          np.asarray(watch.tail_BxW, np.int32),
+                          np.asarray(watch.length_B, np.int32),
+                          np.asarray(watch.first_B, bool))),
+        jax.device_put(np.int32(watch.steps), self._host_sharding))
 
   def _slot_sharding(self, ndim: int) -> jax.sharding.Sharding:
     """How an array with a leading slot axis (and ndim - 1 more) lies: as
@@ -413,11 +454,13 @@ class Engine:
                        f"({self.max_concurrent_decodes},)")
     return self._free_slots_jit(state, self._put(mask_B))
 
-  def aot_functions(self, n_steps: int) -> dict[str, tuple[Any, tuple]]:
+  def aot_functions(self, n_steps: int, repeat_rule: tuple[int, int] = (0, 0)
+                    ) -> dict[str, tuple[Any, tuple]]:
     """The engine's jitted functions at their largest shapes, with abstract
     sharded arguments, for ahead-of-time compilation (`kimi_jax.aot`): the
     batched prefill at the largest length and batch bucket, and `generate`
-    of `n_steps` decode steps over every slot of a full cache."""
+    of `n_steps` decode steps over every slot of a full cache, with the
+    driver's repeat rule (ngram, times; 0, 0 when it has none)."""
     params = abstract_arrays(transformer.abstract_params(self.cfg),
                              self._param_shardings)
     N, T = self.max_prefill_batch, self.max_prefill_len
@@ -444,12 +487,15 @@ class Engine:
     state = abstract_arrays(jax.eval_shape(self._init_state),
                             self._state_shardings)
     B = self.max_concurrent_decodes
-    slots = lambda *shape: jax.ShapeDtypeStruct(
-        (B,) + shape, np.int32, sharding=self._slot_sharding(1 + len(shape)))
+    slots = lambda *shape, dtype=np.int32: jax.ShapeDtypeStruct(
+        (B,) + shape, dtype, sharding=self._slot_sharding(1 + len(shape)))
+    ngram, times = repeat_rule
     return {
         "sampler_prefill": (self._prefill_batch_jit, prefill),
         "sampler_generate": (self._generate_jit, (
-            decode, state, int(n_steps), slots(), slots(DEVICE_STOP_TOKENS))),
+            decode, state, int(n_steps), (ngram, times), slots(),
+            slots(DEVICE_STOP_TOKENS), slots(ngram * times), slots(),
+            slots(dtype=np.bool_), host((), np.int32))),
     }
 
   def warm_up_admission(self, params: Params,
@@ -534,31 +580,44 @@ class Engine:
         sampling=SlotSampling(*map(put, state.sampling, prefix.sampling)))
 
   def _generate_fn(self, params: transformer.DecodeParams,
-                   state: DecodeState, n_steps: int, steps_left_B, stop_BxW):
+                   state: DecodeState, n_steps: int,
+                   repeat_rule: tuple[int, int], steps_left_B, stop_BxW,
+                   tail_BxW, length_B, first_B, watch_steps):
     """Up to n_steps tokens for every running slot, in one while loop.
 
     A slot runs while it is active, has steps left and has not sampled one
-    of its stop tokens; the loop ends after n_steps or when no slot runs.
-    Entries of slots not running are 0; rows past the end, -1. The cache goes to per-layer decode layouts
-    once here, not once per token (see transformer.decode_step).
+    of its stop tokens; the loop ends after n_steps or when no slot runs,
+    and with watch_steps > 0 also after the first step (among the first
+    watch_steps) at which a running slot stops or completes a repeat
+    (`FinishWatch`). Entries of slots not running are 0; rows past the end,
+    -1. The cache goes to per-layer decode layouts once here, not once per
+    token (see transformer.decode_step).
     """
     self._traces["generate"] += 1
     B = self.max_concurrent_decodes
+    ngram, times = repeat_rule
     cache = transformer.to_decode_cache(state.cache)
     # A slot whose last token is one of its stop tokens has finished (its
     # first token, when the driver inserted it before reading it).
     running_B = (state.active & (steps_left_B > 0) &
                  ~jnp.any(stop_BxW == state.tokens[:, None], axis=1))
+    # An active slot that does not run finished at its first token: the host
+    # frees it after this call's first step.
+    finished = jnp.any(state.active & ~running_B)
+    # The host's tails lack the first token of a slot it has not read yet.
+    tail_BxW, length_B = self._with_token(tail_BxW, length_B, state.tokens,
+                                          first_B)
     outputs = (jnp.full((n_steps, B), -1, jnp.int32),
                jnp.zeros((n_steps, B), jnp.float32))
 
     def go_on(carry):
-      i, running_B = carry[0], carry[4]
-      return (i < n_steps) & jnp.any(running_B)
+      i, running_B, finished = carry[0], carry[4], carry[8]
+      watched_end = (watch_steps > 0) & finished & (i > 0)
+      return (i < n_steps) & jnp.any(running_B) & ~watched_end
 
     def step(carry):
       (i, tokens_B, index_B, lengths_B, running_B, left_B, cache,
-       (tokens_NxB, logprobs_NxB)) = carry
+       (tokens_NxB, logprobs_NxB), finished, tail_BxW, length_B) = carry
       logits_Bx1xV, cache = transformer.decode_step(
           params, tokens_B, lengths_B, cache, cfg=self.cfg,
           sharder=self.sharder)
@@ -572,14 +631,23 @@ class Engine:
               tokens_NxB, jnp.where(running_B, new_B, 0), i, 0),
           jax.lax.dynamic_update_index_in_dim(
               logprobs_NxB, jnp.where(running_B, logprobs_B, 0.0), i, 0))
+      still_B = running_B & (left_B > 0) & ~stopped_B
+      tail_BxW, length_B = self._with_token(tail_BxW, length_B, new_B,
+                                            running_B)
+      ended_B = running_B & ~still_B
+      if ngram:
+        ended_B |= running_B & repeating_on_device(tail_BxW, length_B,
+                                                   ngram, times)
+      finished |= jnp.any(ended_B) & (i < watch_steps)
       return (i + 1, jnp.where(running_B, new_B, tokens_B), index_B + run_B,
-              lengths_B + run_B, running_B & (left_B > 0) & ~stopped_B,
-              left_B, cache, outputs)
+              lengths_B + run_B, still_B, left_B, cache, outputs, finished,
+              tail_BxW, length_B)
 
     carry = (jnp.int32(0), state.tokens, state.index, state.cache.lengths,
-             running_B, steps_left_B, cache, outputs)
+             running_B, steps_left_B, cache, outputs, finished, tail_BxW,
+             length_B)
     (_, tokens_B, index_B, lengths_B, _, _, cache,
-     (tokens_NxB, logprobs_NxB)) = jax.lax.while_loop(go_on, step, carry)
+     (tokens_NxB, logprobs_NxB), *_) = jax.lax.while_loop(go_on, step, carry)
     state = state._replace(
         cache=transformer.from_decode_cache(cache, lengths_B),
         tokens=tokens_B, index=index_B)
@@ -587,6 +655,15 @@ class Engine:
       state = jax.lax.with_sharding_constraint(state, self._state_shardings)
     tokens_NxB, logprobs_NxB = self._replicated((tokens_NxB, logprobs_NxB))
     return state, tokens_NxB, logprobs_NxB
+
+  @staticmethod
+  def _with_token(tail_BxW, length_B, token_B, where_B):
+    """Tails (and lengths) with token_B appended where where_B holds."""
+    if tail_BxW.shape[1] == 0:
+      return tail_BxW, length_B + where_B
+    shifted = jnp.concatenate([tail_BxW[:, 1:], token_B[:, None]], axis=1)
+    return (jnp.where(where_B[:, None], shifted, tail_BxW),
+            length_B + where_B.astype(length_B.dtype))
 
   def _replicated(self, tree):
     """What the host reads back is replicated, so every process (multi-host

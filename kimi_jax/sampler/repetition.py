@@ -7,13 +7,17 @@ times in a row, for some p in 1..ngram: with n = len(response),
       for all 0 <= j < p*(times - 1).
 
 The check runs after every new token, so a loop is caught at the first token
-that completes its `times`-th copy.
+that completes its `times`-th copy. The host's check decides; the device's
+(`repeating_on_device`, the same rule) only tells the engine where a
+multi-step decode call must end so that a freed slot is refilled at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -35,6 +39,11 @@ class RepeatConfig:
   def window(self) -> int:
     """How many tail tokens the check looks at."""
     return self.ngram * self.times
+
+
+def device_rule(cfg: RepeatConfig) -> tuple[int, int]:
+  """(ngram, times) of the device-side check; (0, 0) when detection is off."""
+  return (cfg.ngram, cfg.times) if cfg.enabled else (0, 0)
 
 
 def tails(responses_BxR: np.ndarray, lengths_B: np.ndarray, window: int
@@ -71,3 +80,24 @@ def is_repeating(response: list[int] | tuple[int, ...] | np.ndarray,
     return False
   lengths = np.array([row.shape[1]])
   return bool(repeating(tails(row, lengths, cfg.window), lengths, cfg)[0])
+
+
+def repeating_on_device(tail_BxW: jax.Array, lengths_B: jax.Array,
+                        ngram: int, times: int) -> jax.Array:
+  """`repeating` in JAX, for a tail of exactly W = ngram * times tokens.
+
+  Row b repeats with period p when its last p * times tokens are `times`
+  copies of one block: tail[W-1-k] == tail[W-1-k-p] for every k < p *
+  (times - 1), and the response is at least p * times long. All periods in
+  one comparison of shape B x ngram x W.
+  """
+  W = ngram * times
+  p_P = np.arange(1, ngram + 1)[:, None]  # periods
+  k_K = np.arange(W)[None, :]
+  later_PxK = W - 1 - k_K + 0 * p_P
+  earlier_PxK = np.clip(later_PxK - p_P, 0, W - 1)
+  checked_PxK = k_K < p_P * (times - 1)
+  same_BxPxK = tail_BxW[:, later_PxK] == tail_BxW[:, earlier_PxK]
+  block_BxP = jnp.all(same_BxPxK | ~checked_PxK[None], axis=2)
+  long_enough_BxP = lengths_B[:, None] >= (p_P[:, 0] * times)[None, :]
+  return jnp.any(block_BxP & long_enough_BxP, axis=1)
