@@ -362,7 +362,9 @@ def _curation_summary(report: dict | None) -> dict:
   return {"enabled": True, "rows": report["rows"], "kept": report["kept"],
           "dropped": report["dropped"],
           "dropped_by_reason": report["dropped_by_reason"],
-          "accounted": report.get("accounted")}
+          "accounted": report.get("accounted"),
+          "answer_shift_warnings": (report.get("answer_shift") or {}).get(
+              "warnings", [])}
 
 
 def _warmup_summary(report: dict) -> dict:
@@ -408,6 +410,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     warning = small_curated_set(curation["kept"],
                                 config.rl.prompts_per_iteration)
     if warning:
+      log(f"gym pipeline: warning: {warning}")
+    for warning in (curation.get("answer_shift") or {}).get("warnings", []):
       log(f"gym pipeline: warning: {warning}")
   warm = timed("warmup", lambda: stage_warmup(config, paths, policy, reward))
   log(f"gym pipeline: warm-up accepted {warm['correct']} of "

@@ -13,7 +13,9 @@ The model steps ask the policy of --config.policy.workdir (a kimi_jax run)
 or of --config.policy.experiment (+ init_from_hf) through our sampler, and
 verify with --config.reward.name. Every dropped row goes to --rejected
 (default: OUT with .rejected.jsonl) with its step and reason; the report
-counts rows read, kept and dropped per step and reason.
+counts rows read, kept and dropped per step and reason, and each tag's
+most common answers before and after; a warning on stderr names an answer
+curation all but removed (curate.answer_shift*; docs/curation.md).
 """
 
 import json
@@ -74,6 +76,8 @@ def main(argv):
       _REPORT.value)
   print(json.dumps({k: report[k] for k in ("rows", "kept", "dropped",
                                            "dropped_by_reason")}))
+  for warning in report["answer_shift"].get("warnings", []):
+    print(f"warning: {warning}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ runs in tests/test_curate_e2e.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -517,3 +518,76 @@ def test_the_data_tools_config_types_every_section(variant):
                     {"curate.difficulty_edges": (0.2, 0.8)})
   with pytest.raises(ConfigError, match="curate.difficulty_edges"):
     tools_config.curate_config(bad)
+
+
+# ---------------------------------------------------------------------------
+# Answer shift: what the easy-to-hack step does to small answer sets
+
+
+def test_answer_shift_shares_and_warning_by_hand():
+  from kimi_jax.data import answer_shift as S
+  # Tag "count": 16 of 20 input answers are "1", none kept; "2" goes from
+  # 4/20 to 4/4. Tag "sum": 10 input rows, below min_rows: not judged.
+  before = ([("count", "1")] * 16 + [("count", " 2 ")] * 4 +
+            [("sum", "7")] * 10 + [("code", None)] * 3)
+  after = [("count", "2")] * 4 + [("sum", "9")] * 2
+  out = S.answer_shift(before, after, S.ShiftRule(min_rows=20))
+  assert out["by_tag"]["count"] == {
+      "rows_in": 20, "kept": 4, "top_in": {"1": 0.8, "2": 0.2},
+      "top_kept": {"2": 1.0}}
+  assert out["by_tag"]["sum"]["top_kept"] == {"9": 1.0}
+  assert "code" not in out["by_tag"]  # no answers: not compared
+  assert len(out["warnings"]) == 1
+  assert out["warnings"][0].startswith(
+      "count: answer '1' is 80% of the 20 input rows but 0% of the 4 kept")
+  # The same tag judged at min_rows 10 flags "7" too (100% in, 0% kept).
+  out10 = S.answer_shift(before, after, S.ShiftRule(min_rows=10))
+  assert [w.split(":")[0] for w in out10["warnings"]] == ["count", "sum"]
+
+
+def test_answer_shift_keep_ratio_is_the_boundary():
+  from kimi_jax.data import answer_shift as S
+  before = [("t", "a")] * 50 + [("t", "b")] * 50  # "a": 0.5 of the input
+  # Kept share of "a" 0.125 = 0.25 * 0.5: on the boundary, not flagged;
+  # 0.1 is below it.
+  at = [("t", "a")] * 1 + [("t", "b")] * 7
+  below = [("t", "a")] * 1 + [("t", "b")] * 9
+  assert S.answer_shift(before, at)["warnings"] == []
+  assert len(S.answer_shift(before, below)["warnings"]) == 1
+  with pytest.raises(ValueError, match="curate.answer_shift_keep_ratio"):
+    C.CurateConfig(answer_shift_keep_ratio=0.0)
+
+
+def test_curation_report_flags_the_answer_a_constant_guesser_removes(
+    tmp_path):
+  # 24 counting prompts answered "1" and 6 answered "2"; the no-CoT
+  # guesser always says 1, so easy_to_hack drops every "1".
+  rows = [{"prompt": f"How many times does x appear in row {i}?",
+           "answer": "1" if i < 24 else "2", "tags": ["count"]}
+          for i in range(30)]
+  path = _write(tmp_path / "raw.jsonl", rows)
+
+  class Exact:
+    def __call__(self, record, response):
+      from kimi_jax.rewards.base import RewardResult
+      got = response.removeprefix("<answer>").split("</answer>")[0].strip()
+      return RewardResult(float(got == record["answer"]),
+                          got == record["answer"])
+
+  cfg = C.CurateConfig(pass_rate=False, dedup=False)
+  result = C.curate(path, cfg, policy=TablePolicy(lambda p, j: "1</answer>"),
+                    reward=Exact())
+  report = C.write_outputs(result, str(tmp_path / "out.jsonl"),
+                           str(tmp_path / "rej.jsonl"),
+                           str(tmp_path / "report.json"))
+  assert report["kept"] == 6
+  with open(tmp_path / "report.json") as f:
+    shift = json.load(f)["answer_shift"]
+  assert shift["by_tag"]["count"]["top_in"] == {"1": 0.8, "2": 0.2}
+  assert shift["by_tag"]["count"]["top_kept"] == {"2": 1.0}
+  assert len(shift["warnings"]) == 1 and "answer '1'" in shift["warnings"][0]
+  # Switched off: no check, no warnings.
+  off = C.curate(path, dataclasses.replace(cfg, answer_shift=False),
+                 policy=TablePolicy(lambda p, j: "1</answer>"),
+                 reward=Exact())
+  assert off.report()["answer_shift"] == {}

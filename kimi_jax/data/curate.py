@@ -26,6 +26,12 @@ the report:
    prompt solved more often than `max_pass_rate` is dropped as trivial.
 7. tag_cap: at most `max_per_tag` records per primary tag (seeded choice).
 
+After the steps, the report's `answer_shift` compares each tag's answers in
+the input and in the kept rows, and warns when curation all but removed an
+answer the input is full of (`answer_shift.py`: the easy-to-hack step does
+that to small answer sets, and RL on the rest then learns the answer is
+rare).
+
 The curated file holds the kept rows as read, plus the fields the steps
 add; the rejected file holds every dropped row with `step`, `reason`,
 `detail` and its `line`; kept + rejected = rows read, which the report
@@ -42,6 +48,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from kimi_jax.data import answer_shift as shift_lib
 from kimi_jax.data import dedup as dedup_lib
 from kimi_jax.data import question_format, tagging
 from kimi_jax.data.policy import Policy
@@ -109,6 +116,13 @@ class CurateConfig:
   bucket_names: tuple[str, ...] = ("easy", "medium", "hard")
   max_pass_rate: float = 1.0  # drop prompts solved more often (trivial)
   min_pass_rate: float = 0.0  # drop prompts solved less often (0: keep all)
+  # The answer-shift check (answer_shift.py; ours): an answer at least
+  # min_share of a tag's input rows but under keep_ratio times that share of
+  # its kept rows is reported, for tags of at least min_rows input rows.
+  answer_shift: bool = True
+  answer_shift_min_share: float = 0.25
+  answer_shift_keep_ratio: float = 0.25
+  answer_shift_min_rows: int = 20
   seed: int = 0
 
   def __post_init__(self):
@@ -139,6 +153,7 @@ class CurateConfig:
     tagging.make_tagger(self.tagger)
     self.fields()
     self.dedup_config()
+    self.shift_rule()
 
   def fields(self) -> PromptFields:
     return PromptFields(kind=self.kind, prompt=self.prompt_field,
@@ -151,6 +166,14 @@ class CurateConfig:
         exact=self.dedup_exact, near=self.dedup_near, ngram=self.dedup_ngram,
         threshold=self.dedup_threshold, same_numbers=self.dedup_same_numbers,
         ignore_common=self.dedup_ignore_common, search=self.dedup_search)
+
+  def shift_rule(self) -> shift_lib.ShiftRule:
+    try:
+      return shift_lib.ShiftRule(self.answer_shift_min_share,
+                                 self.answer_shift_keep_ratio,
+                                 self.answer_shift_min_rows)
+    except ValueError as exc:
+      raise ValueError(f"curate.answer_shift_{exc}") from None
 
   @property
   def needs_model(self) -> bool:
@@ -210,6 +233,7 @@ class CurateResult:
   steps: list[StepReport]
   rows_read: int
   path: str
+  answer_shift: dict = dataclasses.field(default_factory=dict)
 
   def report(self) -> dict:
     reasons = collections.Counter(d.reason for d in self.dropped)
@@ -218,7 +242,8 @@ class CurateResult:
         "dropped": len(self.dropped),
         "dropped_by_reason": dict(sorted(reasons.items())),
         "accounted": len(self.kept) + len(self.dropped) == self.rows_read,
-        "steps": [dataclasses.asdict(s) for s in self.steps]}
+        "steps": [dataclasses.asdict(s) for s in self.steps],
+        "answer_shift": self.answer_shift}
 
 
 # ---------------------------------------------------------------------------
@@ -439,6 +464,7 @@ def curate(path: str, cfg: CurateConfig, *, policy: Policy | None = None,
     raise ValueError("curate: the easy_to_hack and pass_rate steps need a "
                      "policy and a reward (or switch them off)")
   rows, dropped = read_rows(path, cfg)
+  rows_in = list(rows)
   steps = [StepReport("read", True, len(rows) + len(dropped), len(rows),
                       dict(collections.Counter(d.reason for d in dropped)))]
 
@@ -467,7 +493,23 @@ def curate(path: str, cfg: CurateConfig, *, policy: Policy | None = None,
   if cfg.tags:
     steps[-1].info["balance_after"] = tagging.balance(
         r.record.get("tags") or [] for r in rows)
-  return CurateResult(rows, dropped, steps, steps[0].rows_in, path)
+  shift = (_answer_shift(rows_in, rows, cfg) if cfg.answer_shift else {})
+  return CurateResult(rows, dropped, steps, steps[0].rows_in, path, shift)
+
+
+def _answer_shift(rows_in: Sequence[Row], kept: Sequence[Row],
+                  cfg: CurateConfig) -> dict:
+  """`answer_shift.answer_shift` over the valid input rows and the kept
+  ones, by primary tag (the tagger's, so rows dropped before the tags step
+  count under the tag they would have had; "all" with tags off)."""
+  tagger = tagging.make_tagger(cfg.tagger)
+
+  def pairs(rows: Sequence[Row]) -> list[tuple[str, Any]]:
+    return [(tagging.primary([str(t) for t in tagger(r.record)])
+             if cfg.tags else "all", r.record.get("answer")) for r in rows]
+
+  return shift_lib.answer_shift(pairs(rows_in), pairs(kept),
+                                cfg.shift_rule())
 
 
 def write_jsonl(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
