@@ -14,6 +14,7 @@ import pytest
 from kimi_jax.data import curate as C
 from kimi_jax.data import dedup, question_format, tagging, warmup
 from kimi_jax.data.records import DataError
+from kimi_jax.rewards.base import RewardResult
 from kimi_jax.rewards.reasoning_gym import ReasoningGymReward, make_records
 
 
@@ -36,6 +37,12 @@ class TablePolicy:
                            temperature=temperature, prefix=response_prefix))
     return [[response_prefix + self.answer_for(p, j) for j in range(n)]
             for p in prompts]
+
+
+def exact_answer(record, response):
+  """A reward: the text between <answer> and </answer> equals the answer."""
+  got = response.removeprefix("<answer>").split("</answer>")[0].strip()
+  return RewardResult(float(got == record["answer"]), got == record["answer"])
 
 
 def _write(path, rows):
@@ -395,16 +402,9 @@ def test_easy_to_hack_drops_what_a_constant_guesser_solves(tmp_path):
           {"prompt": "What is 6 times 8?", "answer": "48"}]
   path = _write(tmp_path / "raw.jsonl", rows)
 
-  class Exact:
-    def __call__(self, record, response):
-      from kimi_jax.rewards.base import RewardResult
-      got = response.removeprefix("<answer>").split("</answer>")[0].strip()
-      return RewardResult(float(got == record["answer"]),
-                          got == record["answer"])
-
   policy = TablePolicy(lambda p, j: "42</answer>")
   result = C.curate(path, C.CurateConfig(kind="math", pass_rate=False),
-                    policy=policy, reward=Exact())
+                    policy=policy, reward=exact_answer)
   assert [r.record["answer"] for r in result.kept] == ["48"]
   assert [d.reason for d in result.dropped] == ["easy_to_hack"] * 2
   call = policy.calls[0]
@@ -567,16 +567,9 @@ def test_curation_report_flags_the_answer_a_constant_guesser_removes(
           for i in range(30)]
   path = _write(tmp_path / "raw.jsonl", rows)
 
-  class Exact:
-    def __call__(self, record, response):
-      from kimi_jax.rewards.base import RewardResult
-      got = response.removeprefix("<answer>").split("</answer>")[0].strip()
-      return RewardResult(float(got == record["answer"]),
-                          got == record["answer"])
-
   cfg = C.CurateConfig(pass_rate=False, dedup=False)
   result = C.curate(path, cfg, policy=TablePolicy(lambda p, j: "1</answer>"),
-                    reward=Exact())
+                    reward=exact_answer)
   report = C.write_outputs(result, str(tmp_path / "out.jsonl"),
                            str(tmp_path / "rej.jsonl"),
                            str(tmp_path / "report.json"))
@@ -589,5 +582,5 @@ def test_curation_report_flags_the_answer_a_constant_guesser_removes(
   # Switched off: no check, no warnings.
   off = C.curate(path, dataclasses.replace(cfg, answer_shift=False),
                  policy=TablePolicy(lambda p, j: "1</answer>"),
-                 reward=Exact())
+                 reward=exact_answer)
   assert off.report()["answer_shift"] == {}
