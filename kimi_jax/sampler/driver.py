@@ -339,7 +339,8 @@ class Sampler:
       watch_steps = (window - steps - min_admit if pending and
                      window is not None else 0)
       rows = self.steps_per_call
-      watch = None
+      watch = FinishWatch.off(len(slots.request),
+                              *repetition.device_rule(self.repeat))
       if watch_steps > 0:
         if slots.device_sees_every_stop():
           watch = self._watch(slots, watch_steps)
@@ -348,8 +349,7 @@ class Sampler:
       state, tokens_NxB, logprobs_NxB = engine.generate(
           decode_params, state, self.steps_per_call,
           steps_left=np.minimum(slots.steps_left(), rows),
-          stop_tokens=slots.stop,
-          watch=self._no_watch(slots) if watch is None else watch)
+          stop_tokens=slots.stop, watch=watch)
       # One host read per call: the decode output and the first tokens of
       # the rounds admitted before it.
       tokens_NxB, logprobs_NxB, firsts = jax.device_get(
@@ -458,15 +458,6 @@ class Sampler:
     total_B = slots.n_prefix + slots.n_new
     tail_BxW = repetition.tails(slots.response, total_B, ngram * times)
     return FinishWatch(steps, tail_BxW, total_B, slots.first_pending.copy(),
-                       ngram, times)
-
-  def _no_watch(self, slots: _Slots) -> FinishWatch:
-    """A watch that never ends a call, of the same shapes as `_watch`'s (one
-    compiled program for both)."""
-    ngram, times = repetition.device_rule(self.repeat)
-    B = len(slots.request)
-    return FinishWatch(0, np.zeros((B, ngram * times), np.int32),
-                       np.zeros((B,), np.int32), np.zeros((B,), bool),
                        ngram, times)
 
   def _first_may_finish(self, req: SampleRequest, budget: int) -> bool:

@@ -80,6 +80,13 @@ class FinishWatch(NamedTuple):
   ngram: int
   times: int
 
+  @classmethod
+  def off(cls, B: int, ngram: int = 0, times: int = 0) -> "FinishWatch":
+    """A watch that never ends a call, shaped for this repeat rule (so a
+    call with it and one with a real watch share one compiled program)."""
+    return cls(0, np.zeros((B, ngram * times), np.int32),
+               np.zeros((B,), np.int32), np.zeros((B,), bool), ngram, times)
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
@@ -326,8 +333,7 @@ class Engine:
       stop = np.asarray(stop_tokens, np.int32)[:, :DEVICE_STOP_TOKENS]
       stop_BxW[:, :stop.shape[1]] = stop
     if watch is None:
-      watch = FinishWatch(0, np.zeros((B, 0), np.int32),
-                          np.zeros((B,), np.int32), np.zeros((B,), bool), 0, 0)
+      watch = FinishWatch.off(B)
     W = watch.ngram * watch.times
     if watch.tail_BxW.shape != (B, W):
       raise ValueError(f"watch.tail_BxW must be {B} x {W} (slots x ngram * "
@@ -659,11 +665,11 @@ class Engine:
   @staticmethod
   def _with_token(tail_BxW, length_B, token_B, where_B):
     """Tails (and lengths) with token_B appended where where_B holds."""
-    if tail_BxW.shape[1] == 0:
-      return tail_BxW, length_B + where_B
+    length_B = length_B + where_B.astype(length_B.dtype)
+    if tail_BxW.shape[1] == 0:  # no repeat rule: no tails to keep
+      return tail_BxW, length_B
     shifted = jnp.concatenate([tail_BxW[:, 1:], token_B[:, None]], axis=1)
-    return (jnp.where(where_B[:, None], shifted, tail_BxW),
-            length_B + where_B.astype(length_B.dtype))
+    return jnp.where(where_B[:, None], shifted, tail_BxW), length_B
 
   def _replicated(self, tree):
     """What the host reads back is replicated, so every process (multi-host
