@@ -405,7 +405,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                       stage2_state=host.get("data2"))
     warm = dataclasses.asdict(job.evaluator(state.params))
     job.metrics.write(0, "eval", warm)
-    log(f"warm-start held-out pass@1 {warm['pass_at_1']:.3f} "
+    # An SFT-only job (the gym pipeline's vanilla stage) has no RL to warm.
+    label = ("warm-start held-out pass@1" if cfg.rl.iterations > 0 else
+             "held-out pass@1 after SFT")
+    log(f"{label} {warm['pass_at_1']:.3f} "
         f"(greedy {warm['greedy_accuracy']:.3f}, mean length "
         f"{warm['mean_length']:.1f})")
     loop_state = job.initial_loop_state(warmstart_eval=warm)
