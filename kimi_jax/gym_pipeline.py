@@ -363,13 +363,7 @@ def _curation_summary(report: dict | None) -> dict:
           "dropped": report["dropped"],
           "dropped_by_reason": report["dropped_by_reason"],
           "accounted": report.get("accounted"),
-          "answer_shift_warnings": _shift_warnings(report)}
-
-
-def _shift_warnings(report: dict) -> list[str]:
-  """The curation report's answer-shift warnings (none in a report written
-  before the check existed)."""
-  return (report.get("answer_shift") or {}).get("warnings", [])
+          "answer_shift_warnings": curate_lib.shift_warnings(report)}
 
 
 def _warmup_summary(report: dict) -> dict:
@@ -416,7 +410,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                 config.rl.prompts_per_iteration)
     if warning:
       log(f"gym pipeline: warning: {warning}")
-    for warning in _shift_warnings(curation):
+    for warning in curate_lib.shift_warnings(curation):
       log(f"gym pipeline: warning: {warning}")
   warm = timed("warmup", lambda: stage_warmup(config, paths, policy, reward))
   log(f"gym pipeline: warm-up accepted {warm['correct']} of "

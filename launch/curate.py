@@ -76,7 +76,7 @@ def main(argv):
       _REPORT.value)
   print(json.dumps({k: report[k] for k in ("rows", "kept", "dropped",
                                            "dropped_by_reason")}))
-  for warning in report["answer_shift"].get("warnings", []):
+  for warning in curate_lib.shift_warnings(report):
     print(f"warning: {warning}", file=sys.stderr)
 
 

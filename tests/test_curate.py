@@ -579,8 +579,11 @@ def test_curation_report_flags_the_answer_a_constant_guesser_removes(
   assert shift["by_tag"]["count"]["top_in"] == {"1": 0.8, "2": 0.2}
   assert shift["by_tag"]["count"]["top_kept"] == {"2": 1.0}
   assert len(shift["warnings"]) == 1 and "answer '1'" in shift["warnings"][0]
+  assert C.shift_warnings(report) == shift["warnings"]
   # Switched off: no check, no warnings.
   off = C.curate(path, dataclasses.replace(cfg, answer_shift=False),
                  policy=TablePolicy(lambda p, j: "1</answer>"),
                  reward=exact_answer)
   assert off.report()["answer_shift"] == {}
+  assert C.shift_warnings(off.report()) == []
+  assert C.shift_warnings({"rows": 30}) == []  # a report from before the check

@@ -520,6 +520,12 @@ def write_jsonl(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
       f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
+def shift_warnings(report: Mapping[str, Any]) -> list[str]:
+  """A curation report's answer-shift warnings (none when the check was off,
+  or in a report written before it existed)."""
+  return (report.get("answer_shift") or {}).get("warnings", [])
+
+
 def write_outputs(result: CurateResult, out: str, rejected: str,
                   report_path: str, extra: Mapping[str, Any] = ()) -> dict:
   """The curated rows, the rejected rows and the report (returned)."""
