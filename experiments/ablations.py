@@ -14,10 +14,15 @@ launch/ablate.py (kimi_jax/ablation.py). Results: docs/ablations.md.
                     masking them out of the loss (2.6.2)
   baseline          mean-reward baseline vs the tau*logZ ("soft") baseline
                     at three taus (2.3.2)
+  curation          the gym pipeline (experiments/gym_tiny.py) with prompt-set
+                    curation vs without it (2.1); each run is the whole
+                    pipeline, the arms of a seed share its data and vanilla
+                    SFT
 
 `NAME,micro` (e.g. `experiments/ablations.py:loss,micro`) puts the micro
-experiment (tiny.py:micro, 3 RL iterations) under the same arms, so a test
-runs an ablation end to end in seconds.
+experiment (tiny.py:micro, 3 RL iterations; gym_tiny.py:micro for
+`curation`) under the same arms, so a test runs an ablation end to end in
+seconds.
 
 Budget: every run is the tiny experiment with RL_ITERATIONS RL iterations
 instead of 80 (the length-reward warm-up and the curriculum's warm-up scale
@@ -32,7 +37,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from experiments import tiny
+from experiments import gym_tiny, tiny
 from kimi_jax.ablation import nest
 
 # RL iterations of every run (tiny.py: 80). The tiny run's held-out pass@1
@@ -103,11 +108,30 @@ ABLATIONS = {
             "soft_tau1": {"rl.baseline": "soft", "rl.tau": 1.0},
             "soft_tau4": {"rl.baseline": "soft", "rl.tau": 4.0},
         }),
+    "curation": dict(
+        description=(
+            "Report 2.1: RL prompts curated for difficulty and accurate "
+            "evaluability (easy-to-hack prompts, those a model answers "
+            "within N=8 guesses without CoT, removed) against the raw "
+            "prompt set; issue 16's target: after RL at least the warm "
+            "start + 0.15, and at least the run without curation."),
+        experiment="gym_tiny",
+        arms={
+            "curated": {"pipeline.curate": True},
+            "uncurated": {"pipeline.curate": False},
+        }),
 }
 
 
-def base_config(micro: bool) -> ml_collections.ConfigDict:
+def base_config(micro: bool, experiment: str = "tiny"
+                ) -> ml_collections.ConfigDict:
   """The experiment every arm starts from."""
+  if experiment == "gym_tiny":
+    # The shipped pipeline as it is (its own RL length); no per-stage plots.
+    c = gym_tiny.get_config("micro" if micro else None)
+    c.log.progress = False
+    c.log.plots = False
+    return c
   c = tiny.get_config("micro" if micro else None)
   if not micro:
     c.rl.iterations = RL_ITERATIONS
@@ -141,7 +165,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = name + (",micro" if micro else "")
   c.description = spec["description"]
-  c.base = base_config(micro)
+  c.base = base_config(micro, spec.get("experiment", "tiny"))
   # In the order above: the reference arm first.
   c.arms = ml_collections.ConfigDict(
       {arm: nest(overrides) for arm, overrides in arms.items()},

@@ -26,6 +26,19 @@ the base config with one RL iteration) and starts each arm's run from its
 checkpoint of the warm-started policy, as if that run had been interrupted
 right after stage one. The arm's run is the same main-job run either way
 (tests/test_ablation.py checks that the metrics agree).
+
+Pipeline ablations: a base with a `pipeline` section (experiments/
+gym_tiny.py) runs each arm through the whole gym pipeline
+(kimi_jax/gym_pipeline.py: data, vanilla SFT, curation, warm-up data, the
+main job), e.g. curation on against off. Their shared part is the data and
+vanilla-SFT stages: when no arm changes what those read (besides the keys
+above, `curate.*`, `warmup.*`, `pipeline.curate`, `pipeline.warmup_from`
+and `pipeline.long_cot_*`), they run once per seed in
+`workdir/warm_start/seed<seed>/` and each arm's run starts from a copy of
+them. A run's metrics are then its main job's, `<run>/rl/metrics.jsonl`.
+
+Every arm also reports its gain, final minus warm-start held-out pass@1 per
+seed, mean ± std.
 """
 
 from __future__ import annotations
@@ -63,6 +76,10 @@ EVAL_CURVES = ("pass_at_1", "greedy_accuracy", "mean_length")
 _SHAREABLE_PREFIXES = ("rl.", "prompt_sampling.")
 _NOT_SHAREABLE = ("rl.eval_samples", "rl.max_response_len",
                   "rl.samples_per_prompt", "rl.max_wait_iterations")
+# Keys of a pipeline config that its data and vanilla-SFT stages do not
+# read (they are read by curation, the warm-up data and the main job).
+_PIPELINE_SHAREABLE = ("curate.", "warmup.", "pipeline.curate",
+                       "pipeline.warmup_from", "pipeline.long_cot_")
 _ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
@@ -154,15 +171,29 @@ class Ablation:
     return config
 
   @property
+  def pipeline(self) -> bool:
+    """Whether each run is the whole gym pipeline, not the main job."""
+    return "pipeline" in self.base
+
+  @property
   def shares_warm_start(self) -> bool:
-    """True when no arm changes a key that stage one or its evaluation
-    reads (see the module doc)."""
-    return all(k.startswith(_SHAREABLE_PREFIXES) and k not in _NOT_SHAREABLE
+    """True when no arm changes a key that the shared part reads: stage
+    one and its evaluation, or a pipeline's data and vanilla stages (see
+    the module doc)."""
+    extra = _PIPELINE_SHAREABLE if self.pipeline else ()
+    return all(k.startswith(extra) or
+               (k.startswith(_SHAREABLE_PREFIXES) and k not in _NOT_SHAREABLE)
                for _, overrides in self.arms for k in overrides)
+
+  def metrics_path(self, run: Run) -> str:
+    """The run's per-iteration metrics (a pipeline's: its main job's)."""
+    return os.path.join(run.workdir, *(("rl",) if self.pipeline else ()),
+                        METRICS)
 
   def warm_start_config(self, seed: int) -> ml_collections.ConfigDict:
     """The base config for a shared warm start: one RL iteration (the main
-    job always runs some), no plots."""
+    job always runs some), no plots. (A pipeline's shared data and vanilla
+    stages run no RL; these keys leave them as they are.)"""
     return self._config({"rl.iterations": 1, "rl.eval_every": 0,
                          "log.plots": False}, seed, "warm_start")
 
@@ -297,7 +328,9 @@ def run_sweep(ablation: Ablation, workdir: str, seeds: int, *,
   if share and not ablation.shares_warm_start:
     raise ConfigError(f"ablation {ablation.name!r}: an arm changes a key the "
                       f"warm start reads; it cannot be shared")
-  if run_fn is None:
+  if run_fn is None and ablation.pipeline:
+    from kimi_jax.gym_pipeline import run as run_fn
+  elif run_fn is None:
     from kimi_jax.job import train_and_evaluate as run_fn
   check_spec(ablation, workdir)
   plan = ablation.plan(workdir, seeds)
@@ -308,12 +341,16 @@ def run_sweep(ablation: Ablation, workdir: str, seeds: int, *,
       f"({len(ablation.arms)} arms x {seeds} seeds), {finished} finished, "
       f"{len(todo)} to run"
       + (f" (arms {', '.join(arms)} only)" if arms else "")
-      + (" (shared warm start per seed)" if share and todo else ""))
+      + ((" (shared data and vanilla SFT per seed)" if ablation.pipeline
+          else " (shared warm start per seed)") if share and todo else ""))
   for i, run in enumerate(todo):
     config = ablation.run_config(run)
     os.makedirs(run.workdir, exist_ok=True)
     t0 = time.perf_counter()
-    if share and not os.path.isdir(os.path.join(run.workdir, "checkpoints")):
+    if share and ablation.pipeline:
+      _share_first_stages(ablation, workdir, run, log)
+    elif share and not os.path.isdir(os.path.join(run.workdir,
+                                                  "checkpoints")):
       source = os.path.join(workdir, WARM_START_DIR, f"seed{run.seed}")
       if not os.path.exists(os.path.join(source, SUMMARY)):
         log(f"[warm start seed{run.seed}] {source}")
@@ -325,6 +362,21 @@ def run_sweep(ablation: Ablation, workdir: str, seeds: int, *,
     write_json(os.path.join(run.workdir, TIMING),
                 {"seconds": time.perf_counter() - t0})
   return plan
+
+
+def _share_first_stages(ablation: Ablation, workdir: str, run: Run,
+                        log: Callable[[str], None]) -> None:
+  """A pipeline run's data and vanilla stages: copied from the seed's
+  shared ones, which run first if they have not."""
+  from kimi_jax import gym_pipeline
+  if gym_pipeline.first_stages_done(run.workdir):
+    return  # a resumed run
+  source = os.path.join(workdir, WARM_START_DIR, f"seed{run.seed}")
+  if not gym_pipeline.first_stages_done(source):
+    log(f"[data and vanilla SFT seed{run.seed}] {source}")
+    gym_pipeline.run_first_stages(ablation.warm_start_config(run.seed),
+                                  source)
+  gym_pipeline.copy_first_stages(source, run.workdir)
 
 
 # ---- aggregation ---------------------------------------------------------------
@@ -351,12 +403,13 @@ def _curve(series: Sequence[Mapping[int, float]]) -> dict[str, Any]:
           "std": [s for _, s in stats]}
 
 
-def read_run(run: Run) -> dict[str, Any]:
-  """A finished run's final evaluation and per-iteration curves."""
+def read_run(run: Run, metrics_path: str | None = None) -> dict[str, Any]:
+  """A finished run's final evaluation and per-iteration curves (from
+  `metrics_path`, default `<run>/metrics.jsonl`)."""
   from kimi_jax.metrics import read_jsonl
   with open(os.path.join(run.workdir, SUMMARY)) as f:
     summary = json.load(f)
-  rows = read_jsonl(os.path.join(run.workdir, METRICS))
+  rows = read_jsonl(metrics_path or os.path.join(run.workdir, METRICS))
   curves = {}
   for stage, keys in (("rl", RL_CURVES), ("eval", EVAL_CURVES)):
     for key in keys:
@@ -389,7 +442,7 @@ def aggregate(ablation: Ablation, plan: Sequence[Run]) -> dict[str, Any]:
     if not runs:
       arms[arm] = {"seeds": [], "n_seeds": 0}
       continue
-    data = [read_run(r) for r in runs]
+    data = [read_run(r, ablation.metrics_path(r)) for r in runs]
     finals[arm] = {r.seed: d["final"] for r, d in zip(runs, data)}
     keys = sorted(set.intersection(*(set(d["curves"]) for d in data)))
     arms[arm] = {
@@ -400,6 +453,10 @@ def aggregate(ablation: Ablation, plan: Sequence[Run]) -> dict[str, Any]:
         "warm_start": ({k: _stat([d["warm_start"][k] for d in data])
                         for k in FINAL_METRICS}
                        if all(d["warm_start"] for d in data) else None),
+        # After RL minus before it, per seed: what RL added.
+        "gain": (_stat([d["final"]["pass_at_1"] -
+                        d["warm_start"]["pass_at_1"] for d in data])
+                 if all(d["warm_start"] for d in data) else None),
         "curves": {k: _curve([d["curves"][k] for d in data]) for k in keys
                    if all(d["curves"][k] for d in data)},
         "run_seconds": [d["seconds"] for d in data],
@@ -423,6 +480,10 @@ def _fmt(stat: Mapping[str, Any], digits: int) -> str:
           else f"{stat['mean']:.{digits}f}")
 
 
+def _signed(stat: Mapping[str, Any], digits: int) -> str:
+  return ("+" if stat["mean"] >= 0 else "") + _fmt(stat, digits)
+
+
 def _curve_at(curve: Mapping[str, Any] | None, step: int
               ) -> Mapping[str, Any] | None:
   if not curve or step not in curve["steps"]:
@@ -441,8 +502,14 @@ def markdown_table(results: Mapping[str, Any], early_step: int | None = None
   head = ["arm", "settings", "seeds"]
   if early_step is not None:
     head.append(f"pass@1 at iteration {early_step}")
-  head += ["final held-out pass@1", f"Δ pass@1 vs {reference} (paired)",
-           "greedy accuracy", "mean response tokens"]
+  warm = any(a.get("gain") for a in arms.values())
+  if warm:
+    head.append("warm-start pass@1")
+  head.append("final held-out pass@1")
+  if warm:
+    head.append("gain (final - warm start)")
+  head += [f"Δ pass@1 vs {reference} (paired)", "greedy accuracy",
+           "mean response tokens"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for arm, a in arms.items():
     if not a["n_seeds"]:
@@ -456,9 +523,13 @@ def markdown_table(results: Mapping[str, Any], early_step: int | None = None
       at = _curve_at(a["curves"].get("eval/pass_at_1"), early_step)
       cells.append(_fmt(at, 3) if at else "")
     paired = a.get("vs_reference")
-    cells += [_fmt(f["pass_at_1"], 3),
-              ("+" if paired["pass_at_1"]["mean"] >= 0 else "") +
-              _fmt(paired["pass_at_1"], 3) if paired else "—",
+    if warm:
+      cells.append(_fmt(a["warm_start"]["pass_at_1"], 3)
+                   if a.get("gain") else "")
+    cells.append(_fmt(f["pass_at_1"], 3))
+    if warm:
+      cells.append(_signed(a["gain"], 3) if a.get("gain") else "")
+    cells += [_signed(paired["pass_at_1"], 3) if paired else "—",
               _fmt(f["greedy_accuracy"], 3), _fmt(f["mean_length"], 1)]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)

@@ -31,6 +31,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import tempfile
 import time
 from typing import Any, Callable
@@ -372,6 +373,55 @@ def _warmup_summary(report: dict) -> dict:
   return {k: report[k] for k in keys if k in report}
 
 
+def first_stages(config: ml_collections.ConfigDict, paths: Paths,
+                 timed: Callable[[str, Callable[[], Any]], Any] = (
+                     lambda name, fn: fn())) -> tuple[dict, dict]:
+  """The data and vanilla-SFT stages (finished ones skipped): what every
+  later stage starts from. Returns their records."""
+  data = timed("data", lambda: stage_data(config, paths))
+  log(f"gym pipeline: {data['train']} train / {data['eval']} held-out / "
+      f"{data['vanilla_sft']} vanilla-SFT problems")
+  vanilla = timed("vanilla_sft", lambda: _train(
+      job_config(config, paths, stage="vanilla"), paths.vanilla))
+  return data, vanilla
+
+
+def run_first_stages(config: ml_collections.ConfigDict, workdir: str
+                     ) -> None:
+  """Only the data and vanilla-SFT stages, into `workdir` (shared by the
+  arms of an ablation that change nothing these stages read)."""
+  check(config)
+  os.makedirs(workdir, exist_ok=True)
+  first_stages(config, Paths(workdir))
+
+
+def first_stages_done(workdir: str) -> bool:
+  paths = Paths(workdir)
+  return (os.path.exists(paths.data_done) and
+          policies.stage_done(paths.vanilla) is not None)
+
+
+def copy_first_stages(source: str, target: str) -> None:
+  """Starts pipeline workdir `target` from the finished data and vanilla
+  stages of `source`, as if its own run had stopped right after them (the
+  later stages then run in `target` as always). The vanilla run's
+  config.json keeps naming `source`'s data files, whose copies are
+  identical."""
+  if not first_stages_done(source):
+    raise FileNotFoundError(f"{source}: the data and vanilla stages have "
+                            f"not finished")
+  src, dst = Paths(source), Paths(target)
+  os.makedirs(os.path.dirname(dst.data_done), exist_ok=True)
+  for name in ("train", "eval", "sft"):
+    shutil.copyfile(getattr(src, name), getattr(dst, name))
+  for name in ("tokenizer", "vanilla"):
+    # Whole or not at all: what a killed copy left is replaced.
+    shutil.rmtree(getattr(dst, name), ignore_errors=True)
+    shutil.copytree(getattr(src, name), getattr(dst, name))
+  # The data-stage marker last: with it the copy is complete.
+  shutil.copyfile(src.data_done, dst.data_done)
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Every stage (finished ones skipped); returns W/summary.json's content."""
   t0 = time.perf_counter()
@@ -389,11 +439,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     seconds[name] = round(time.perf_counter() - t, 1)
     return out
 
-  data = timed("data", lambda: stage_data(config, paths))
-  log(f"gym pipeline: {data['train']} train / {data['eval']} held-out / "
-      f"{data['vanilla_sft']} vanilla-SFT problems")
-  vanilla = timed("vanilla_sft", lambda: _train(
-      job_config(config, paths, stage="vanilla"), paths.vanilla))
+  data, vanilla = first_stages(config, paths, timed)
   cache: dict[str, Any] = {}
 
   def policy():

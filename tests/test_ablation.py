@@ -19,7 +19,8 @@ from kimi_jax.config import ConfigError, load_config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ABLATIONS = os.path.join(ROOT, "experiments", "ablations.py")
 TINY = os.path.join(ROOT, "experiments", "tiny.py")
-NAMES = ("loss", "sampling", "length_penalty", "partial_segments", "baseline")
+NAMES = ("loss", "sampling", "length_penalty", "partial_segments", "baseline",
+         "curation")
 
 
 def _toy(arms=None, **extra) -> ml_collections.ConfigDict:
@@ -111,6 +112,29 @@ def test_warm_start_is_shared_only_when_no_arm_changes_what_it_reads():
   assert (warm.seed, warm.rl.iterations, warm.rl.tau) == (11, 1, 1.0)
 
 
+def test_pipeline_ablation_shares_only_the_stages_no_arm_changes(tmp_path):
+  """A gym-pipeline base: arms that change curation, the warm-up data, the
+  long-CoT stage or RL share the data and vanilla-SFT stages; one that
+  changes what vanilla SFT reads does not. Metrics are the main job's."""
+  a = ab.load_ablation(ABLATIONS + ":curation,micro")
+  assert a.pipeline and a.shares_warm_start
+  assert a.metrics_path(a.plan(str(tmp_path), 1)[0]) == str(
+      tmp_path / "curated" / "seed0" / "rl" / "metrics.jsonl")
+  base = ab.load_ablation(ABLATIONS + ":curation,micro").base
+  for arms, shared in (
+      ({"curate.hack_guesses": 3, "warmup.samples": 4,
+        "pipeline.long_cot_sft_steps": 2, "rl.tau": 0.5}, True),
+      ({"pipeline.vanilla_sft_steps": 3}, False),
+      ({"gym.size": 5}, False),
+      ({"rl.eval_samples": 2}, False)):
+    c = _toy({"a": arms, "b": {"pipeline.curate": False}})
+    c.base = base
+    assert ab.parse_ablation(c).shares_warm_start == shared, arms
+  assert not ab.parse_ablation(_toy()).pipeline
+  assert ab.parse_ablation(_toy()).metrics_path(ab.Run("a", 0, "/r")) == (
+      "/r/metrics.jsonl")
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_every_ablation_loads_with_its_micro_variant(name):
   full = ab.load_ablation(f"{ABLATIONS}:{name}")
@@ -132,6 +156,7 @@ def test_ablation_variants_cite_the_report_and_reject_unknown_names():
   assert "Figure 10" in text["loss"] and "Figure 9" in text["sampling"]
   assert "2.3.3" in text["length_penalty"] and "2.6.2" in text[
       "partial_segments"] and "2.3.2" in text["baseline"]
+  assert "2.1" in text["curation"]
   with pytest.raises(ConfigError, match="unknown ablation"):
     load_config(ABLATIONS + ":lossy")
   with pytest.raises(ConfigError, match="unknown modifier"):
@@ -225,10 +250,16 @@ def test_aggregate_mean_and_sample_std_by_hand(tmp_path):
   assert paired["mean_length"]["mean"] == pytest.approx(-2.0)
   assert "vs_reference" not in arm
   table = ab.markdown_table(res, early_step=2)
-  assert "| a | `rl.tau=0.5` | 3 | 0.700 ± 0.200 | 0.700 ± 0.200 | — | " \
-         "0.333 ± 0.577 | 13.0 ± 3.6 |" in table
-  assert "| b | `rl.tau=2.0`, `rl.baseline=soft` | 1 |  | 0.250 | -0.250 | " \
-         "0.500 | 8.0 |" in table
+  # Gain per seed: 0.5 - 0, 0.7 - 0.1, 0.9 - 0.2 -> mean 0.6, std 0.1.
+  assert arm["gain"]["values"] == pytest.approx([0.5, 0.6, 0.7])
+  assert arm["gain"]["mean"] == pytest.approx(0.6)
+  assert arm["gain"]["std"] == pytest.approx(0.1)
+  assert b["gain"] is None
+  assert "| a | `rl.tau=0.5` | 3 | 0.700 ± 0.200 | 0.100 ± 0.100 | " \
+         "0.700 ± 0.200 | +0.600 ± 0.100 | — | 0.333 ± 0.577 | " \
+         "13.0 ± 3.6 |" in table
+  assert "| b | `rl.tau=2.0`, `rl.baseline=soft` | 1 |  |  | 0.250 |  | " \
+         "-0.250 | 0.500 | 8.0 |" in table
   png = ab.plot(res, str(tmp_path / "fig.png"))
   with open(png, "rb") as fh:
     assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -342,6 +373,22 @@ def _rows(workdir, stage):
           if r["stage"] == stage]
 
 
+def _cpu_env() -> dict:
+  return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="", PYTHONPATH=ROOT)
+
+
+def _ablate(workdir, spec: str, *flags: str) -> subprocess.CompletedProcess:
+  """launch/ablate.py with one seed on `experiments/ablations.py:spec`; it
+  must succeed."""
+  cmd = [sys.executable, os.path.join(ROOT, "launch", "ablate.py"),
+         "--config", f"{ABLATIONS}:{spec}", "--workdir", str(workdir),
+         "--seeds", "1", "--compilation_cache=none", *flags]
+  out = subprocess.run(cmd, env=_cpu_env(), capture_output=True, text=True,
+                       timeout=900)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  return out
+
+
 @pytest.mark.slow
 def test_micro_ablation_end_to_end_resumes_and_matches_unshared_run(tmp_path):
   """launch/ablate.py on the micro loss ablation (shared warm start); then a
@@ -349,15 +396,8 @@ def test_micro_ablation_end_to_end_resumes_and_matches_unshared_run(tmp_path):
   its own checkpoint. A run of the same arm without the shared warm start
   gives the same metrics."""
   w = tmp_path / "sweep"
-  cmd = [sys.executable, os.path.join(ROOT, "launch", "ablate.py"),
-         "--config", ABLATIONS + ":loss,micro", "--workdir", str(w),
-         "--seeds", "1", "--config.base.rl.iterations=2",
-         "--compilation_cache=none"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="",
-             PYTHONPATH=ROOT)
-  out = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                       timeout=900)
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  env = _cpu_env()
+  out = _ablate(w, "loss,micro", "--config.base.rl.iterations=2")
   assert "shared warm start" in out.stdout
   results = json.loads((w / "ablation.json").read_text())
   assert set(results["arms"]) == {"mirror_descent", "rest"}
@@ -384,9 +424,7 @@ def test_micro_ablation_end_to_end_resumes_and_matches_unshared_run(tmp_path):
   rest = w / "rest" / "seed0"
   rest_rl = _rows(rest, "rl")
   os.remove(rest / "summary.json")
-  again = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                         timeout=900)
-  assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+  again = _ablate(w, "loss,micro", "--config.base.rl.iterations=2")
   assert "1 finished, 1 to run" in again.stdout
   assert f"resuming {rest}" in again.stdout
   assert "warm start:" not in again.stdout  # no SFT stage, nothing redone
@@ -421,3 +459,47 @@ def test_micro_ablation_end_to_end_resumes_and_matches_unshared_run(tmp_path):
   got, want = losses(shared), losses(alone)
   assert got and [s for s, _ in got] == [s for s, _ in want]
   assert [x for _, x in got] == pytest.approx([x for _, x in want], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_micro_curation_ablation_runs_the_pipeline_per_arm(tmp_path):
+  """launch/ablate.py on the micro curation ablation: the data and vanilla
+  stages run once for the seed and both arms start from copies of them;
+  each arm runs the rest of the pipeline (curation only in the curated
+  arm); results carry warm start, gain and the paired difference read
+  from the pipelines' summaries; a rerun runs nothing."""
+  w = tmp_path / "sweep"
+  out = _ablate(w, "curation,micro")
+  assert "shared data and vanilla SFT per seed" in out.stdout
+  # One vanilla SFT run, in the shared directory.
+  assert out.stdout.count("new run in") == 3
+  assert f"new run in {w / 'warm_start' / 'seed0' / 'vanilla'}" in out.stdout
+  shared_vanilla = (w / "warm_start" / "seed0" / "vanilla" / "stage.json"
+                    ).read_text()
+  results = json.loads((w / "ablation.json").read_text())
+  summaries = {}
+  for arm in ("curated", "uncurated"):
+    run = w / arm / "seed0"
+    assert (run / "vanilla" / "stage.json").read_text() == shared_vanilla
+    assert (run / "data" / "train.jsonl").read_bytes() == (
+        w / "warm_start" / "seed0" / "data" / "train.jsonl").read_bytes()
+    s = summaries[arm] = json.loads((run / "summary.json").read_text())
+    a = results["arms"][arm]
+    assert a["final"]["pass_at_1"]["values"] == [
+        s["final_eval"]["pass_at_1"]]
+    assert a["warm_start"]["pass_at_1"]["values"] == [
+        s["warmstart_eval"]["pass_at_1"]]
+    assert a["gain"]["values"] == [pytest.approx(s["gain"])]
+    # Curves from the main job's metrics: RL iterations 1 and 2.
+    assert a["curves"]["rl/accuracy"]["steps"] == [1, 2]
+  assert summaries["curated"]["curation"]["enabled"]
+  assert not summaries["uncurated"]["curation"]["enabled"]
+  assert not (w / "uncurated" / "seed0" / "data" / "curated.jsonl").exists()
+  paired = results["arms"]["uncurated"]["vs_reference"]["pass_at_1"]
+  assert paired["values"] == [pytest.approx(
+      summaries["uncurated"]["final_eval"]["pass_at_1"] -
+      summaries["curated"]["final_eval"]["pass_at_1"])]
+  assert "gain (final - warm start)" in out.stdout
+  again = _ablate(w, "curation,micro")
+  assert "2 finished, 0 to run" in again.stdout
+  assert "new run in" not in again.stdout

@@ -242,3 +242,39 @@ def test_micro_pipeline_end_to_end_and_rerun_is_a_no_op(tmp_path):
   with open(os.path.join(workdir, "summary.json")) as f:
     rerun = json.load(f)
   assert rerun["final_eval"] == summary["final_eval"]
+
+
+def test_copy_first_stages_needs_finished_ones_and_replaces_a_partial_copy(
+    tmp_path):
+  """The copy a pipeline ablation starts each arm from: refused from a
+  source whose stages have not finished; over a killed copy (no data
+  marker, a stray file in vanilla/) it leaves exactly the source's files."""
+  src, dst = gym_pipeline.Paths(str(tmp_path / "src")), gym_pipeline.Paths(
+      str(tmp_path / "dst"))
+  for name in ("train", "eval", "sft"):
+    os.makedirs(os.path.dirname(getattr(src, name)), exist_ok=True)
+    with open(getattr(src, name), "w") as f:
+      f.write(name + "\n")
+  os.makedirs(src.tokenizer)
+  with open(os.path.join(src.tokenizer, "tokenizer.json"), "w") as f:
+    f.write("{}")
+  os.makedirs(src.vanilla)
+  with pytest.raises(FileNotFoundError, match="not finished"):
+    gym_pipeline.copy_first_stages(src.workdir, dst.workdir)
+  with open(src.data_done, "w") as f:
+    f.write('{"train": 1}')
+  with pytest.raises(FileNotFoundError, match="not finished"):
+    gym_pipeline.copy_first_stages(src.workdir, dst.workdir)  # no vanilla
+  with open(os.path.join(src.vanilla, "stage.json"), "w") as f:
+    f.write('{"summary": {}}')
+  os.makedirs(dst.vanilla)
+  with open(os.path.join(dst.vanilla, "stray"), "w") as f:
+    f.write("left by a killed copy")
+  assert not gym_pipeline.first_stages_done(dst.workdir)
+  gym_pipeline.copy_first_stages(src.workdir, dst.workdir)
+  assert gym_pipeline.first_stages_done(dst.workdir)
+  assert sorted(os.listdir(dst.vanilla)) == ["stage.json"]
+  for name in ("train", "eval", "sft", "data_done"):
+    with open(getattr(src, name)) as a, open(getattr(dst, name)) as b:
+      assert a.read() == b.read()
+  assert os.listdir(dst.tokenizer) == ["tokenizer.json"]
