@@ -5,7 +5,11 @@
   python launch/ablate.py --config experiments/ablations.py:loss,micro \\
       --workdir /tmp/ablate_micro --seeds 2 --config.base.rl.iterations=2
 
-One main-job run per arm and seed in WORKDIR/<arm>/seed<seed>/ (seeds
+An ablation whose base has a `pipeline` section (`ablations.py:curation`)
+runs the whole gym pipeline per arm and seed instead of the main job, the
+data and vanilla-SFT stages shared by the arms of a seed.
+
+One run per arm and seed in WORKDIR/<arm>/seed<seed>/ (seeds
 first_seed .. first_seed + seeds - 1; first_seed is 0). Rerun the same
 command to resume a killed sweep: finished runs (a summary.json) are
 skipped, an interrupted one resumes from its own checkpoint. Writes
