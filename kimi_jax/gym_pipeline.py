@@ -404,9 +404,9 @@ def first_stages_done(workdir: str) -> bool:
 def copy_first_stages(source: str, target: str) -> None:
   """Starts pipeline workdir `target` from the finished data and vanilla
   stages of `source`, as if its own run had stopped right after them (the
-  later stages then run in `target` as always). The vanilla run's
-  config.json keeps naming `source`'s data files, whose copies are
-  identical."""
+  later stages then run in `target` as always). The copied vanilla run's
+  config.json names `target`'s files (its tokenizer is what curation and
+  the warm-up data load), so `source` may be deleted afterwards."""
   if not first_stages_done(source):
     raise FileNotFoundError(f"{source}: the data and vanilla stages have "
                             f"not finished")
@@ -418,8 +418,25 @@ def copy_first_stages(source: str, target: str) -> None:
     # Whole or not at all: what a killed copy left is replaced.
     shutil.rmtree(getattr(dst, name), ignore_errors=True)
     shutil.copytree(getattr(src, name), getattr(dst, name))
+  config_path = os.path.join(dst.vanilla, "config.json")
+  with open(config_path) as f:
+    config = json.load(f)
+  write_json(config_path, repoint(config, source, target))
   # The data-stage marker last: with it the copy is complete.
   shutil.copyfile(src.data_done, dst.data_done)
+
+
+def repoint(node: Any, old: str, new: str) -> Any:
+  """`node` (JSON values) with every path under directory `old` moved to
+  the same place under `new`."""
+  if isinstance(node, dict):
+    return {k: repoint(v, old, new) for k, v in node.items()}
+  if isinstance(node, list):
+    return [repoint(v, old, new) for v in node]
+  old, new = old.rstrip(os.sep), new.rstrip(os.sep)
+  if isinstance(node, str) and (node == old or node.startswith(old + os.sep)):
+    return new + node[len(old):]
+  return node
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

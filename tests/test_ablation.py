@@ -481,6 +481,9 @@ def test_micro_curation_ablation_runs_the_pipeline_per_arm(tmp_path):
   for arm in ("curated", "uncurated"):
     run = w / arm / "seed0"
     assert (run / "vanilla" / "stage.json").read_text() == shared_vanilla
+    # Its vanilla run names its own copies (the shared ones may go).
+    assert json.loads((run / "vanilla" / "config.json").read_text())[
+        "task"]["tokenizer"] == str(run / "tokenizer")
     assert (run / "data" / "train.jsonl").read_bytes() == (
         w / "warm_start" / "seed0" / "data" / "train.jsonl").read_bytes()
     s = summaries[arm] = json.loads((run / "summary.json").read_text())

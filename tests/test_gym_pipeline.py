@@ -267,13 +267,23 @@ def test_copy_first_stages_needs_finished_ones_and_replaces_a_partial_copy(
     gym_pipeline.copy_first_stages(src.workdir, dst.workdir)  # no vanilla
   with open(os.path.join(src.vanilla, "stage.json"), "w") as f:
     f.write('{"summary": {}}')
+  with open(os.path.join(src.vanilla, "config.json"), "w") as f:
+    json.dump({"task": {"tokenizer": src.tokenizer, "train_path": src.train,
+                        "other": src.workdir + "_other/x"},
+               "paths": [src.eval], "seed": 3}, f)
   os.makedirs(dst.vanilla)
   with open(os.path.join(dst.vanilla, "stray"), "w") as f:
     f.write("left by a killed copy")
   assert not gym_pipeline.first_stages_done(dst.workdir)
   gym_pipeline.copy_first_stages(src.workdir, dst.workdir)
   assert gym_pipeline.first_stages_done(dst.workdir)
-  assert sorted(os.listdir(dst.vanilla)) == ["stage.json"]
+  assert sorted(os.listdir(dst.vanilla)) == ["config.json", "stage.json"]
+  # The copy's config names the copy's files; other paths stay as they are.
+  with open(os.path.join(dst.vanilla, "config.json")) as f:
+    assert json.load(f) == {
+        "task": {"tokenizer": dst.tokenizer, "train_path": dst.train,
+                 "other": src.workdir + "_other/x"},
+        "paths": [dst.eval], "seed": 3}
   for name in ("train", "eval", "sft", "data_done"):
     with open(getattr(src, name)) as a, open(getattr(dst, name)) as b:
       assert a.read() == b.read()
