@@ -403,13 +403,13 @@ def _curve(series: Sequence[Mapping[int, float]]) -> dict[str, Any]:
           "std": [s for _, s in stats]}
 
 
-def read_run(run: Run, metrics_path: str | None = None) -> dict[str, Any]:
+def read_run(run: Run, metrics_path: str) -> dict[str, Any]:
   """A finished run's final evaluation and per-iteration curves (from
-  `metrics_path`, default `<run>/metrics.jsonl`)."""
+  `metrics_path`: `Ablation.metrics_path(run)`)."""
   from kimi_jax.metrics import read_jsonl
   with open(os.path.join(run.workdir, SUMMARY)) as f:
     summary = json.load(f)
-  rows = read_jsonl(metrics_path or os.path.join(run.workdir, METRICS))
+  rows = read_jsonl(metrics_path)
   curves = {}
   for stage, keys in (("rl", RL_CURVES), ("eval", EVAL_CURVES)):
     for key in keys:

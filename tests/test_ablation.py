@@ -120,7 +120,6 @@ def test_pipeline_ablation_shares_only_the_stages_no_arm_changes(tmp_path):
   assert a.pipeline and a.shares_warm_start
   assert a.metrics_path(a.plan(str(tmp_path), 1)[0]) == str(
       tmp_path / "curated" / "seed0" / "rl" / "metrics.jsonl")
-  base = ab.load_ablation(ABLATIONS + ":curation,micro").base
   for arms, shared in (
       ({"curate.hack_guesses": 3, "warmup.samples": 4,
         "pipeline.long_cot_sft_steps": 2, "rl.tau": 0.5}, True),
@@ -128,7 +127,7 @@ def test_pipeline_ablation_shares_only_the_stages_no_arm_changes(tmp_path):
       ({"gym.size": 5}, False),
       ({"rl.eval_samples": 2}, False)):
     c = _toy({"a": arms, "b": {"pipeline.curate": False}})
-    c.base = base
+    c.base = a.base
     assert ab.parse_ablation(c).shares_warm_start == shared, arms
   assert not ab.parse_ablation(_toy()).pipeline
   assert ab.parse_ablation(_toy()).metrics_path(ab.Run("a", 0, "/r")) == (
