@@ -72,9 +72,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                               direct_fraction=0.1, cued_fraction=0.5,
                               long_cot_sft_steps=20)
   # 1000 raw problems per generator: the easy-to-hack step drops most, and
-  # RL needs more prompts left than one iteration draws (32).
+  # RL needs more prompts left than one iteration draws (32). 50 more are
+  # a validation set: RL's periodic evaluations read it, so settings can
+  # be chosen without looking at the 50 held-out ones.
   c.gym = from_dataclass(GymConfig, datasets=",".join(GYM_OPTIONS),
-                         size=1000, eval_size=50,
+                         size=1000, eval_size=50, val_size=50,
                          options_json=json.dumps(GYM_OPTIONS),
                          prompt_suffix="")
   c.reward = ml_collections.ConfigDict(dict(name="reasoning_gym",
@@ -103,7 +105,7 @@ def shrink_to_micro(c: ml_collections.ConfigDict) -> None:
                  head_dim=16, mlp_dim=256)
   c.pipeline.update(vanilla_sft_steps=150, sft_problems=8,
                     long_cot_sft_steps=4, long_cot_warmup_steps=1)
-  c.gym.update(size=6, eval_size=2)
+  c.gym.update(size=6, eval_size=2, val_size=0)
   c.sft.update(batch_size=8, warmup_steps=1, learning_rate=3e-3)
   c.sampler.max_slots = 32
   c.rl.update(iterations=2, prompts_per_iteration=4, samples_per_prompt=4,

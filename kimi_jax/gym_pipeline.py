@@ -7,8 +7,9 @@ Stages, each in its own place under W and skipped when a rerun finds it
 finished (a killed stage resumes: the two training runs from their Orbax
 checkpoints, the data stages from scratch):
 
-  data/      raw train, held-out and vanilla-SFT problems from the
-             generators, and the tokenizer built on them (text_tokenizer)
+  data/      raw train, held-out, validation (gym.val_size > 0) and
+             vanilla-SFT problems from the generators, and the tokenizer
+             built on them (text_tokenizer)
   vanilla/   vanilla SFT (report 2.5.2, stage one) on worked solutions,
              some step by step under a cue, some direct
   data/      curation with the vanilla model (report 2.1): format, dedup,
@@ -19,7 +20,9 @@ checkpoints, the data stages from scratch):
              warm-up rows, then RL on the curated prompts with prioritized
              sampling starting from the measured pass rates
   summary.json  curation and warm-up counts, vanilla_eval, warmstart_eval
-             (after the long-CoT SFT) and final_eval, per task
+             (after the long-CoT SFT) and final_eval, per task; with a
+             validation set also vanilla_val, warmstart_val and final_val
+             (RL's periodic evaluations then read it, not the held-out set)
 
 `pipeline.curate=False` is the same run without curation: warm-up rows and
 RL prompts come from the raw problems.
@@ -45,7 +48,8 @@ from kimi_jax.console import log
 from kimi_jax.data import curate as curate_lib
 from kimi_jax.data import records as records_lib
 from kimi_jax.data import text_tokenizer, warmup
-from kimi_jax.data.gym_problems import GymConfig, problem_sets
+from kimi_jax.data.gym_problems import (GymConfig, problem_sets,
+                                        validation_set)
 from kimi_jax.data.gym_solutions import solution
 from kimi_jax.experiment import parse_config
 from kimi_jax.files import write_json
@@ -123,6 +127,7 @@ class PipelineConfig:
 
 # What each stage reads and writes, relative to the workdir.
 FILES = {"train": "data/train.jsonl", "eval": "data/eval.jsonl",
+         "val": "data/val.jsonl",
          "sft": "data/vanilla_sft.jsonl", "tokenizer": "tokenizer",
          "curated": "data/curated.jsonl",
          "rejected": "data/curated.rejected.jsonl",
@@ -165,6 +170,7 @@ def job_config(config: ml_collections.ConfigDict, paths: Paths, *,
       {k: v for k, v in config.to_dict().items() if k not in SECTIONS})
   out.task.tokenizer = paths.tokenizer
   out.task.eval_path = paths.eval
+  out.task.val_path = paths.val if gym_config(config).val_size else ""
   if stage == "vanilla":
     out.task.train_path = paths.train
     out.sft.steps = pipe.vanilla_sft_steps
@@ -196,7 +202,7 @@ def check(config: ml_collections.ConfigDict) -> None:
   tools_config.warmup_config(config)
   with tempfile.TemporaryDirectory() as scratch:
     paths = Paths(scratch)
-    for name in ("train", "eval", "sft", "curated", "warmup"):
+    for name in ("train", "eval", "val", "sft", "curated", "warmup"):
       os.makedirs(os.path.dirname(getattr(paths, name)), exist_ok=True)
       open(getattr(paths, name), "w").close()  # stand-ins, checked unread
     for stage in ("vanilla", "rl"):
@@ -225,10 +231,11 @@ def sft_rows(records: list[dict], pipe: PipelineConfig, seed: int
 
 
 def vanilla_problems(gym: GymConfig, per_dataset: int) -> list[dict]:
-  """Problems past every train and held-out item of each generator."""
+  """Problems past every train, held-out and validation item of each
+  generator."""
   from kimi_jax.rewards.reasoning_gym import make_records
   out = []
-  first = gym.size + gym.eval_size
+  first = gym.first_unused()
   for name in gym.names():
     rows = make_records(name, size=first + per_dataset, seed=gym.seed,
                         prompt_suffix=gym.prompt_suffix,
@@ -243,6 +250,7 @@ def stage_data(config: ml_collections.ConfigDict, paths: Paths) -> dict:
       return json.load(f)
   pipe, gym = pipeline_config(config), gym_config(config)
   train, held = problem_sets(gym)
+  val = validation_set(gym)
   sft = sft_rows(vanilla_problems(gym, pipe.sft_problems), pipe,
                  int(config.seed))
   groups: dict[str, list[str]] = {}
@@ -250,11 +258,13 @@ def stage_data(config: ml_collections.ConfigDict, paths: Paths) -> dict:
     groups.setdefault(row["rg"]["dataset"], []).append(row["prompt"])
   groups["vanilla_sft"] = [r["prompt"] for r in sft]
   text_tokenizer.build_for(groups, paths.tokenizer, pipe.min_word_fraction)
-  for path, rows in ((paths.train, train), (paths.eval, held),
-                     (paths.sft, sft)):
+  sets = [(paths.train, train), (paths.eval, held), (paths.sft, sft)]
+  for path, rows in sets + ([(paths.val, val)] if val else []):
     curate_lib.write_jsonl(path, rows)
   info = {"train": len(train), "eval": len(held), "vanilla_sft": len(sft),
           "datasets": gym.names()}
+  if val:
+    info["val"] = len(val)
   _write_json(paths.data_done, info)
   return info
 
@@ -267,6 +277,13 @@ def _policy(paths: Paths):
   return load_policy(workdir=paths.vanilla)
 
 
+def guarded_records(paths: Paths, fields) -> list[dict]:
+  """The problems no RL prompt may repeat: the held-out ones, and the
+  validation ones when there are any (curation's dedup drops repeats)."""
+  return [r for path in (paths.eval, paths.val) if os.path.exists(path)
+          for r in records_lib.load_prompt_source(path, fields)]
+
+
 def stage_curate(config: ml_collections.ConfigDict, paths: Paths,
                  policy: Callable[[], Any], reward: RewardFn) -> dict | None:
   if not pipeline_config(config).curate:
@@ -276,10 +293,9 @@ def stage_curate(config: ml_collections.ConfigDict, paths: Paths,
       return json.load(f)
   from kimi_jax.data import tools_config
   cfg = tools_config.curate_config(config)
-  held = list(records_lib.load_prompt_source(paths.eval, cfg.fields()))
   result = curate_lib.curate(paths.train, cfg, policy=policy(),
                              reward=reward,
-                             held_out=held)
+                             held_out=guarded_records(paths, cfg.fields()))
   # The report is written last: its presence marks the stage finished.
   return curate_lib.write_outputs(result, paths.curated, paths.rejected,
                                   paths.curation)
@@ -373,14 +389,24 @@ def _warmup_summary(report: dict) -> dict:
   return {k: report[k] for k in keys if k in report}
 
 
+def _validation_summary(vanilla: dict, final: dict) -> dict:
+  """The validation evaluations (runs with `gym.val_size` > 0)."""
+  if "final_val" not in final:
+    return {}
+  return {"vanilla_val": vanilla.get("final_val"),
+          "warmstart_val": final["warmstart_val"],
+          "final_val": final["final_val"]}
+
+
 def first_stages(config: ml_collections.ConfigDict, paths: Paths,
                  timed: Callable[[str, Callable[[], Any]], Any] = (
                      lambda name, fn: fn())) -> tuple[dict, dict]:
   """The data and vanilla-SFT stages (finished ones skipped): what every
   later stage starts from. Returns their records."""
   data = timed("data", lambda: stage_data(config, paths))
+  val = f"{data['val']} validation / " if data.get("val") else ""
   log(f"gym pipeline: {data['train']} train / {data['eval']} held-out / "
-      f"{data['vanilla_sft']} vanilla-SFT problems")
+      f"{val}{data['vanilla_sft']} vanilla-SFT problems")
   vanilla = timed("vanilla_sft", lambda: _train(
       job_config(config, paths, stage="vanilla"), paths.vanilla))
   return data, vanilla
@@ -412,8 +438,9 @@ def copy_first_stages(source: str, target: str) -> None:
                             f"not finished")
   src, dst = Paths(source), Paths(target)
   os.makedirs(os.path.dirname(dst.data_done), exist_ok=True)
-  for name in ("train", "eval", "sft"):
-    shutil.copyfile(getattr(src, name), getattr(dst, name))
+  for name in ("train", "eval", "val", "sft"):
+    if name != "val" or os.path.exists(src.val):
+      shutil.copyfile(getattr(src, name), getattr(dst, name))
   for name in ("tokenizer", "vanilla"):
     # Whole or not at all: what a killed copy left is replaced.
     shutil.rmtree(getattr(dst, name), ignore_errors=True)
@@ -488,6 +515,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
              "final_eval": final["final_eval"],
              "gain": (final["final_eval"]["pass_at_1"] -
                       final["warmstart_eval"]["pass_at_1"]),
+             **_validation_summary(vanilla, final),
              "data": data, "seconds": dict(seconds, total=round(
                  time.perf_counter() - t0, 1))}
   _write_json(os.path.join(workdir, SUMMARY_FILE), summary)

@@ -74,6 +74,8 @@ class Job:
   metrics: metrics_lib.MetricsWriter
   # The SFT stage's packed batches (None when sft.steps == 0).
   sft_data: sft_lib.SFTData | None = None
+  # The same evaluation on the task's validation set (None without one).
+  validator: Evaluator | None = None
 
   def save_iteration(self, loop_state: LoopState, train: ts.TrainState
                      ) -> None:
@@ -88,13 +90,25 @@ class Job:
                   settings=self.cfg.sampler.sampling, task=self.task,
                   sampler=self.sampler, learner=self.learner)
 
-  def initial_loop_state(self, warmstart_eval=None) -> LoopState:
+  def initial_loop_state(self, warmstart_eval=None, warmstart_val=None
+                         ) -> LoopState:
     rl = self.cfg.rl
     return LoopState.initial(
         group_size=rl.samples_per_prompt,
         max_wait_iterations=rl.max_wait_iterations, records=self.task.train,
         prompt_sampling=self.cfg.prompt_sampling,
-        warmstart_eval=warmstart_eval)
+        warmstart_eval=warmstart_eval, warmstart_val=warmstart_val)
+
+  def validate(self, params, step: int) -> dict | None:
+    """The validation evaluation of `params`, logged at `step` (kind
+    "val"); None when the task has no validation set."""
+    if self.validator is None:
+      return None
+    result = dataclasses.asdict(self.validator(params))
+    self.metrics.write(step, "val", result)
+    log(f"validation pass@1 {result['pass_at_1']:.3f} (greedy "
+        f"{result['greedy_accuracy']:.3f}, {result['n_problems']} problems)")
+    return result
 
   def restore_loop_state(self, data: dict) -> LoopState:
     rl = self.cfg.rl
@@ -138,6 +152,8 @@ def build(cfg: ExperimentConfig, workdir: str) -> Job:
   evaluator = Evaluator(sampler, eval_task, samples=cfg.rl.eval_samples,
                         max_response_len=cfg.rl.max_response_len,
                         seed=cfg.seed + 1, settings=cfg.sampler.sampling)
+  validator = (dataclasses.replace(evaluator, split="val")
+               if len(eval_task.val) else None)
   if "://" not in workdir:
     os.makedirs(workdir, exist_ok=True)
   checkpointer = ckpt_lib.Checkpointer(
@@ -148,7 +164,7 @@ def build(cfg: ExperimentConfig, workdir: str) -> Job:
   if jax.process_index() == 0 and hasattr(task.tokenizer, "save"):
     task.tokenizer.save(workdir)
   return Job(cfg, workdir, sharder, task, engine, sampler, learner, evaluator,
-             checkpointer, metrics, sft_data)
+             checkpointer, metrics, sft_data, validator)
 
 
 def data_metrics(job: Job) -> dict[str, int]:
@@ -318,13 +334,16 @@ def export_policy(job: Job, params) -> str | None:
 
 
 def _write_summary(job: Job, loop_state: LoopState, final: dict,
-                   export: str | None) -> dict:
+                   final_val: dict | None, export: str | None) -> dict:
   summary = {"warmstart_eval": loop_state.warmstart_eval,
              "final_eval": final,
              "compiles": job.rl_loop().compile_counts(),
              "counters": dataclasses.asdict(loop_state.counters),
              "iterations": loop_state.iteration,
              "hf_export": export}
+  if job.validator is not None:
+    summary.update(warmstart_val=loop_state.warmstart_val,
+                   final_val=final_val)
   if jax.process_index() == 0:
     with open(os.path.join(job.workdir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2)
@@ -389,7 +408,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       last_eval = (it if it < cfg.rl.iterations or cfg.rl.iterations == 0
                    else it - 1)
       limits = ({"data": 0, "sft": cfg.sft.steps, "eval": last_eval,
-                 "rl": it}
+                 "val": last_eval, "rl": it}
                 if host["stage"] == "rl" else
                 {"data": 0, "sft": int(host.get("sft_step", 0))})
       metrics_lib.drop_after(job.metrics.path, limits)
@@ -411,7 +430,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     log(f"{label} {warm['pass_at_1']:.3f} "
         f"(greedy {warm['greedy_accuracy']:.3f}, mean length "
         f"{warm['mean_length']:.1f})")
-    loop_state = job.initial_loop_state(warmstart_eval=warm)
+    loop_state = job.initial_loop_state(
+        warmstart_eval=warm, warmstart_val=job.validate(state.params, 0))
     ckpt.save(rl_step(cfg, 0), params=state.params,
               host={"stage": "rl", "loop": loop_state.to_json()})
     train = job.learner.init_state(state.params)
@@ -423,19 +443,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   if cfg.rl.iterations == 0:
     # Supervised warm start only: the warm-start evaluation is the final one.
     final = dict(loop_state.warmstart_eval)
+    final_val = loop_state.warmstart_val
   else:
+    # Periodic evaluations read the validation set when there is one, so
+    # the held-out set is only read before and after RL.
     loop_state, train = loop.run(
-        loop_state, train, evaluate=job.evaluator, saver=job,
-        metrics=job.metrics,
+        loop_state, train, evaluate=job.validator or job.evaluator,
+        saver=job, metrics=job.metrics,
         checkpoint_every=cfg.checkpoint.every_iterations,
-        show_progress=cfg.log.progress)
+        show_progress=cfg.log.progress,
+        eval_kind="eval" if job.validator is None else "val")
     final = dataclasses.asdict(job.evaluator(train.params))
     job.metrics.write(loop_state.iteration, "eval", final)
+    final_val = job.validate(train.params, loop_state.iteration)
     log(f"final held-out pass@1 {final['pass_at_1']:.3f} (greedy "
         f"{final['greedy_accuracy']:.3f}); compilations: "
         f"{loop.compile_counts()}")
   export = export_policy(job, train.params)
-  summary = _write_summary(job, loop_state, final, export)
+  summary = _write_summary(job, loop_state, final, final_val, export)
   job.metrics.close()
   ckpt.close()
   return summary

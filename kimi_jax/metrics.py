@@ -34,8 +34,9 @@ RL_PANELS = (
     ("tokens/s", ("rollout_tokens_per_s", "train_tokens_per_s")),
     ("handoff seconds", ("handoff_s",)),
 )
-EVAL_PANELS = (("held-out", ("pass_at_1", "greedy_accuracy")),
-               ("held-out response length", ("mean_length",)))
+EVAL_PANELS = (("pass@1 and greedy accuracy",
+                ("pass_at_1", "greedy_accuracy")),
+               ("response length", ("mean_length",)))
 SFT_PANELS = (("loss", ("loss",)),)
 
 
@@ -172,13 +173,15 @@ def with_task_keys(records: Sequence[dict], limit: int = 8
 
 
 def plot_run(metrics_path: str, out_dir: str) -> list[str]:
-  """rl_curves.png, eval_curves.png and sft_curves.png of a run's JSONL;
-  returns the paths written (a stage with no rows has no plot)."""
+  """rl_curves.png, eval_curves.png, val_curves.png and sft_curves.png of a
+  run's JSONL; returns the paths written (a stage with no rows has no
+  plot)."""
   records, by_task = with_task_keys(read_jsonl(metrics_path))
   eval_panels = EVAL_PANELS + ((("pass@1 by task", by_task),) if by_task
                                else ())
   plots = (("rl", RL_PANELS, "rl_curves.png", "Kimi k1.5 RL"),
            ("eval", eval_panels, "eval_curves.png", "held-out evaluation"),
+           ("val", eval_panels, "val_curves.png", "validation"),
            ("sft", SFT_PANELS, "sft_curves.png", "warm start"))
   written = [plot_curves(records, stage, panels, os.path.join(out_dir, name),
                          title) for stage, panels, name, title in plots]

@@ -2,11 +2,11 @@
 
   python launch/curate.py --config experiments/data/gym_curate.py \\
       --in RAW.jsonl --out CURATED.jsonl --report REPORT.json \\
-      --held_out EVAL.jsonl --config.policy.workdir=W
+      --held_out EVAL.jsonl [--held_out VAL.jsonl] --config.policy.workdir=W
 
 Steps (each switchable with --config.curate.<step>=False): format filter
 (multiple-choice / true-false / proof), exact and near-duplicate removal
-(and of repeats of the --held_out evaluation problems),
+(and of repeats of the --held_out evaluation and validation problems),
 domain tags and per-tag balance (optional cap), easy-to-hack filter (no-CoT
 guesses), difficulty by pass rate (pass_rate + difficulty bucket), tag cap.
 The model steps ask the policy of --config.policy.workdir (a kimi_jax run)
@@ -30,9 +30,10 @@ _IN = flags.DEFINE_string("in", None, "raw prompt set (JSONL)", required=True)
 _OUT = flags.DEFINE_string("out", None, "curated prompt set (JSONL)",
                            required=True)
 _REPORT = flags.DEFINE_string("report", None, "report (JSON)", required=True)
-_HELD_OUT = flags.DEFINE_string(
-    "held_out", None, "held-out evaluation set (JSONL, same fields): train "
-    "prompts that repeat one of its problems are dropped")
+_HELD_OUT = flags.DEFINE_multi_string(
+    "held_out", [], "held-out evaluation or validation set (JSONL, same "
+    "fields; repeat the flag for several): train prompts that repeat one "
+    "of their problems are dropped")
 _REJECTED = flags.DEFINE_string(
     "rejected", None, "dropped rows with reasons (JSONL; default: OUT with "
     ".rejected.jsonl)")
@@ -56,11 +57,9 @@ def main(argv):
     cfg = tools_config.curate_config(config)
     # Bad rows stop the run before any weights load.
     curate_lib.read_rows(flags.FLAGS["in"].value, cfg)
-    held_out = []
-    if _HELD_OUT.value:
-      from kimi_jax.data import records
-      held_out = list(records.load_prompt_source(_HELD_OUT.value,
-                                                 cfg.fields()))
+    from kimi_jax.data import records
+    held_out = [r for path in _HELD_OUT.value
+                for r in records.load_prompt_source(path, cfg.fields())]
     policy = reward = None
     if cfg.needs_model:
       reward = tools_config.make_reward(config)

@@ -110,16 +110,28 @@ def test_gym_demo_through_the_launchers(tmp_path):
   hf_dir = make_answering_qwen2_dir(tmp_path / "hf")
   config = "experiments/data/gym_curate.py:cpu_test"
   raw, held = tmp_path / "raw.jsonl", tmp_path / "eval.jsonl"
+  val = tmp_path / "val.jsonl"
   _run("launch/gym_data.py", f"--config={config}", f"--train={raw}",
-       f"--eval={held}")
+       f"--eval={held}", f"--val={val}", "--config.gym.val_size=1")
   rows = [json.loads(line) for line in raw.read_text().splitlines()]
+  val_rows = [json.loads(line) for line in val.read_text().splitlines()]
+  n_datasets = len({r["rg"]["dataset"] for r in rows})
+  assert len(val_rows) == n_datasets
+  # Validation items follow the held-out ones of each generator.
+  held_rows = [json.loads(line) for line in held.read_text().splitlines()]
+  last_held = {r["rg"]["dataset"]: r["rg"]["index"] for r in held_rows}
+  assert all(r["rg"]["index"] == last_held[r["rg"]["dataset"]] + 1
+             for r in val_rows)
   # A reworded copy and an exact copy of the first problem.
   first = rows[0]
   near = dict(first, id="near",
               question=first["question"].replace("answer", "answers"))
+  # And a copy of a validation problem (spelling: a template apart from the
+  # near copy's, whose common-shingle counts it leaves as they were).
   with open(raw, "a") as f:
     f.write(json.dumps(near) + "\n" + json.dumps(dict(first, id="copy"))
-            + "\n" + "{broken\n")
+            + "\n" + json.dumps(dict(val_rows[1], id="val_copy")) + "\n"
+            + "{broken\n")
   out = tmp_path / "curated.jsonl"
   policy = ["--config.policy.experiment=experiments/qwen2_5_1_5b.py:"
             "cpu_smoke", f"--config.policy.init_from_hf={hf_dir}"]
@@ -127,15 +139,16 @@ def test_gym_demo_through_the_launchers(tmp_path):
              f"--out={out}", f"--report={tmp_path / 'r.json'}", *policy,
              expect_ok=False)
   assert bad.returncode != 0
-  assert f"data error: {raw}:{len(rows) + 3}" in bad.stderr
+  assert f"data error: {raw}:{len(rows) + 4}" in bad.stderr
   _run("launch/curate.py", f"--config={config}", f"--in={raw}",
        f"--out={out}", f"--report={tmp_path / 'report.json'}",
-       f"--held_out={held}", "--config.curate.on_bad_row=reject", *policy)
+       f"--held_out={held}", f"--held_out={val}",
+       "--config.curate.on_bad_row=reject", *policy)
   report = json.loads((tmp_path / "report.json").read_text())
   kept = [json.loads(line) for line in out.read_text().splitlines()]
   rejected = [json.loads(line) for line in
               (tmp_path / "curated.rejected.jsonl").read_text().splitlines()]
-  assert report["rows"] == len(rows) + 3 == len(kept) + len(rejected)
+  assert report["rows"] == len(rows) + 4 == len(kept) + len(rejected)
   assert report["accounted"]
   by_reason = report["dropped_by_reason"]
   # Every syllogism is a yes/no question; both copies are caught.
@@ -144,6 +157,7 @@ def test_gym_demo_through_the_launchers(tmp_path):
   assert by_reason["bad_row"] == 1
   why = {r["row"]["id"]: r["reason"] for r in rejected if "row" in r}
   assert (why["near"], why["copy"]) == ("near_duplicate", "exact_duplicate")
+  assert why["val_copy"].startswith("held_out_")
   steps = {s["name"]: s for s in report["steps"]}
   assert steps["easy_to_hack"]["enabled"] and steps["pass_rate"]["enabled"]
   from kimi_jax.data.dedup import normalise

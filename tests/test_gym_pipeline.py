@@ -189,8 +189,11 @@ def test_small_curated_set_warns_below_one_iteration():
 @pytest.mark.slow
 def test_micro_pipeline_end_to_end_and_rerun_is_a_no_op(tmp_path):
   workdir = str(tmp_path / "w")
+  # With a validation set (2 problems per generator) and an evaluation
+  # every iteration, which reads it instead of the held-out set.
   cmd = [sys.executable, "launch/tpu_run.py", "--config",
-         "experiments/gym_tiny.py:micro", "--workdir", workdir]
+         "experiments/gym_tiny.py:micro", "--workdir", workdir,
+         "--config.gym.val_size=2", "--config.rl.eval_every=1"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=600)
@@ -202,6 +205,10 @@ def test_micro_pipeline_end_to_end_and_rerun_is_a_no_op(tmp_path):
     assert key in summary
   assert set(summary["final_eval"]["pass_at_1_by_task"]) == {
       f"rg/{n}" for n in gym_tiny.GYM_OPTIONS}
+  n_val = 2 * len(gym_tiny.GYM_OPTIONS)
+  for key in ("vanilla_val", "warmstart_val", "final_val"):
+    assert summary[key]["n_problems"] == n_val
+  assert summary["final_val"] != summary["final_eval"]
   # Nothing lost: every raw problem is curated or rejected with a reason.
   paths = gym_pipeline.Paths(workdir)
   count = lambda p: sum(1 for _ in open(p))
@@ -242,6 +249,63 @@ def test_micro_pipeline_end_to_end_and_rerun_is_a_no_op(tmp_path):
   with open(os.path.join(workdir, "summary.json")) as f:
     rerun = json.load(f)
   assert rerun["final_eval"] == summary["final_eval"]
+  # The RL stage once more as if killed after its last checkpoint: it
+  # resumes there, evaluates again and keeps every earlier row. The
+  # held-out set is read before and after RL only; the validation set then
+  # too, and at the periodic evaluation.
+  from kimi_jax.long2short import policies
+  os.remove(os.path.join(workdir, "rl", policies.STAGE_FILE))
+  resumed = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "resuming" in resumed.stderr + resumed.stdout
+  rows = [json.loads(l) for l in open(os.path.join(workdir, "rl",
+                                                   "metrics.jsonl"))]
+  steps = lambda stage: [r["step"] for r in rows if r["stage"] == stage]
+  assert steps("eval") == [0, 2] and steps("val") == [0, 1, 2]
+  assert [r["pass_at_1"] for r in rows if r["stage"] == "val"][::2] == [
+      summary["warmstart_val"]["pass_at_1"], summary["final_val"]["pass_at_1"]]
+
+
+def test_curation_guards_the_validation_problems_too(tmp_path):
+  from kimi_jax.data.records import PromptFields
+  paths = gym_pipeline.Paths(str(tmp_path))
+  os.makedirs(os.path.dirname(paths.eval))
+  rows = {"eval": ["1 + 2", "3 + 4"], "val": ["5 + 6"]}
+  fields = PromptFields(kind="math")
+  for name in ("eval", "val"):
+    with open(getattr(paths, name), "w") as f:
+      for prompt in rows[name]:
+        f.write(json.dumps({"prompt": prompt, "answer": "0"}) + "\n")
+  prompts = lambda: [r["prompt"] for r in gym_pipeline.guarded_records(
+      paths, fields)]
+  assert prompts() == ["1 + 2", "3 + 4", "5 + 6"]
+  os.remove(paths.val)
+  assert prompts() == ["1 + 2", "3 + 4"]
+
+
+def test_validation_problems_are_the_items_after_the_held_out_ones():
+  """gym.val_size takes items [size + eval_size, + val_size) of each
+  generator; vanilla-SFT problems start after them (and where they always
+  did when there is no validation set)."""
+  from kimi_jax.data.gym_problems import GymConfig, validation_set
+  options = {"chain_sum": gym_tiny.GYM_OPTIONS["chain_sum"]}
+  gym = GymConfig(datasets="chain_sum", size=5, eval_size=3, val_size=4,
+                  options_json=json.dumps(options), prompt_suffix="")
+  direct = make_records("chain_sum", size=20, seed=0, prompt_suffix="",
+                        **options["chain_sum"])
+  val = validation_set(gym)
+  assert [r["question"] for r in val] == [r["question"] for r in direct[8:12]]
+  assert [r["rg"]["index"] for r in val] == [8, 9, 10, 11]
+  sft = gym_pipeline.vanilla_problems(gym, 3)
+  assert [r["rg"]["index"] for r in sft] == [12, 13, 14]
+  no_val = GymConfig(datasets="chain_sum", size=5, eval_size=3,
+                     options_json=json.dumps(options), prompt_suffix="")
+  assert validation_set(no_val) == []
+  assert [r["rg"]["index"] for r in gym_pipeline.vanilla_problems(
+      no_val, 2)] == [8, 9]
+  with pytest.raises(ValueError, match="gym.val_size"):
+    GymConfig(val_size=-1)
 
 
 def test_copy_first_stages_needs_finished_ones_and_replaces_a_partial_copy(

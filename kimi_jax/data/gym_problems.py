@@ -4,7 +4,8 @@ dataset, each with its own verifier spec (`rg`, see
 kimi_jax/rewards/reasoning_gym.py).
 
 Train rows are items [0, size) of a dataset's generator at `seed`; held-out
-rows are items [size, size + eval_size) of the same generator, so both come
+rows are items [size, size + eval_size) of the same generator, and
+validation rows (optional, ours) the next `val_size` items, so all come
 from one distribution and never share an item index (a small generator can
 still produce the same text twice; curation's dedup drops repeats).
 """
@@ -26,6 +27,9 @@ class GymConfig:
   datasets: str = "chain_sum"
   size: int = 100
   eval_size: int = 20
+  # Validation problems per dataset (0: none): for choosing settings
+  # without reading the held-out set.
+  val_size: int = 0
   seed: int = 0
   options_json: str = "{}"
   # Appended to every question to make the prompt (the format instruction).
@@ -39,6 +43,15 @@ class GymConfig:
     if unknown:
       raise ValueError(f"gym.options_json names datasets not in "
                        f"gym.datasets: {unknown}")
+
+    for key in ("size", "eval_size", "val_size"):
+      if getattr(self, key) < 0:
+        raise ValueError(f"gym.{key} must be >= 0, got "
+                         f"{getattr(self, key)}")
+
+  def first_unused(self) -> int:
+    """The first item index of each generator no set here uses."""
+    return self.size + self.eval_size + self.val_size
 
   def names(self) -> list[str]:
     return [n.strip() for n in self.datasets.split(",") if n.strip()]
@@ -65,3 +78,18 @@ def problem_sets(cfg: GymConfig) -> tuple[list[dict], list[dict]]:
     train += rows[:cfg.size]
     held += rows[cfg.size:]
   return train, held
+
+
+def validation_set(cfg: GymConfig) -> list[dict]:
+  """Validation rows: items [size + eval_size, first_unused) of each
+  dataset (empty when `val_size` is 0)."""
+  first = cfg.size + cfg.eval_size
+  out: list[dict] = []
+  if not cfg.val_size:
+    return out
+  options: Mapping[str, dict] = cfg.options()
+  for name in cfg.names():
+    out += make_records(name, size=cfg.first_unused(), seed=cfg.seed,
+                        prompt_suffix=cfg.prompt_suffix,
+                        **options.get(name, {}))[first:]
+  return out

@@ -5,7 +5,8 @@ what it trains on. Tasks, by `config.task.name`:
 
 - `pointer_chase`: the synthetic tiny task (kimi_jax.data.pointer_chase),
   with its own word tokenizer and exact verifier.
-- `jsonl`: prompt sets from JSONL files (`train_path`, `eval_path`) loaded as
+- `jsonl`: prompt sets from JSONL files (`train_path`, `eval_path`, optional
+  `val_path`) loaded as
   Grain data sources (kimi_jax.data.records: field names, bad-row policy),
   scored by a reward from `kimi_jax.rewards.registry` (math, code,
   reasoning_gym, ...), prompted through the checkpoint's chat template
@@ -33,6 +34,10 @@ class JsonlTaskConfig:
   name: str = "jsonl"
   train_path: str = ""
   eval_path: str = ""
+  # Optional validation prompts (ours): RL's periodic evaluations read them
+  # instead of the held-out set, so settings can be tuned without looking
+  # at it; the warm-start and final evaluations run on both.
+  val_path: str = ""
   reward: str = "math"
   prompt_field: str = "prompt"
   answer_field: str = "answer"
@@ -122,9 +127,11 @@ class Task:
   # rl.max_response_len: a synthetic task forces lengths with it.
   response_cap: Callable[[Mapping[str, Any], int], int] | None = None
   # What loading each data file did (rows kept / skipped), by role
-  # ("task_train", "task_eval"), for the metrics log.
+  # ("task_train", "task_eval", "task_val"), for the metrics log.
   reports: Mapping[str, records_lib.LoadReport] = dataclasses.field(
       default_factory=dict)
+  # Validation records (`task.val_path`); empty when the task has none.
+  val: Sequence[dict] = ()
 
 
 def _with_image(record: dict, cfg: pointer_chase.PointerChaseConfig,
@@ -253,11 +260,14 @@ def _jsonl_task(cfg: JsonlTaskConfig, tokenizer: Any,
     load = lambda path: image_records.load_image_source(
         path, image_fields, on_bad_row=cfg.on_bad_row, admit=admit)
   train, held = load(cfg.train_path), load(cfg.eval_path)
+  reports = {"task_train": train.report, "task_eval": held.report}
+  val = load(cfg.val_path) if cfg.val_path else ()
+  if cfg.val_path:
+    reports["task_val"] = val.report
   return Task(name="jsonl", train=train, eval=held,
               reward=registry.make_reward(verifier_name(cfg.reward)),
-              tokenizer=tokenizer, encode_prompt=encode,
-              reports={"task_train": train.report,
-                       "task_eval": held.report})
+              tokenizer=tokenizer, encode_prompt=encode, reports=reports,
+              val=val)
 
 
 def check_data_config(task: TaskConfig, sft_steps: int,
@@ -269,8 +279,10 @@ def check_data_config(task: TaskConfig, sft_steps: int,
   Raises ValueError naming the config key.
   """
   if isinstance(task, JsonlTaskConfig):
-    for key in ("train_path", "eval_path"):
+    for key in ("train_path", "eval_path", "val_path"):
       path = getattr(task, key)
+      if key == "val_path" and not path:
+        continue
       if not os.path.isfile(path):
         raise ValueError(f"config.task.{key}: file not found: {path}")
   if sft_steps > 0 and sft_stage2_path:

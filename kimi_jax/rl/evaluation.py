@@ -14,7 +14,7 @@ reasoning-gym dataset (`rg/<name>`), else "all".
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -26,6 +26,10 @@ from kimi_jax.sampler import handoff
 from kimi_jax.sampler.config import SamplingSettings
 from kimi_jax.sampler.driver import Sampler, SampleRequest
 from kimi_jax.sampler.sampling import SamplingParams
+
+
+# The record sets of a Task an Evaluator may read.
+SPLITS = ("eval", "val")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +51,8 @@ def task_of(record: Mapping[str, Any]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class EvalSamples:
-  """Every scored held-out response: problem index into `task.eval`, draw
+  """Every scored held-out response: problem index into the evaluated
+  records (`Evaluator.records`), draw
   index (-1: the greedy response), response tokens, correctness and the
   problem's task (`task_of`)."""
 
@@ -74,7 +79,8 @@ class EvalSamples:
 
 @dataclasses.dataclass(frozen=True)
 class Evaluator:
-  """`evaluator(params) -> EvalResult` on the task's held-out records."""
+  """`evaluator(params) -> EvalResult` on the task's held-out records
+  (`split="eval"`) or its validation records (`split="val"`)."""
 
   sampler: Sampler
   task: Task
@@ -82,12 +88,19 @@ class Evaluator:
   max_response_len: int
   seed: int
   settings: SamplingSettings
+  split: str = "eval"
+
+  @property
+  def records(self) -> Sequence[Mapping[str, Any]]:
+    if self.split not in SPLITS:
+      raise ValueError(f"unknown split {self.split!r} (known: {SPLITS})")
+    return getattr(self.task, self.split)
 
   def requests(self) -> list[SampleRequest]:
     stop = rollout.stop_tokens(self.task.tokenizer)
     s = self.settings
     out = []
-    for i, record in enumerate(self.task.eval):
+    for i, record in enumerate(self.records):
       prompt = tuple(self.task.encode_prompt(record))
       pixels = prompt_images(record)
       for j in range(self.samples):
@@ -109,7 +122,8 @@ class Evaluator:
     sampler_params, _ = handoff.place_params(
         params, self.sampler.engine.param_shardings)
     results, _ = self.sampler.generate(sampler_params, self.requests())
-    records = [self.task.eval[r.id[1]] for r in results]
+    held = self.records
+    records = [held[r.id[1]] for r in results]
     texts = [rollout.response_text(r.tokens, self.task.tokenizer)
              for r in results]
     scored = score_all(self.task.reward, records, texts)
@@ -119,9 +133,8 @@ class Evaluator:
                          for r in results], np.int32),
         length_N=np.array([len(r.tokens) for r in results], np.int32),
         correct_N=np.array([s.correct for s in scored], bool),
-        task_N=np.array([task_of(self.task.eval[r.id[1]]) for r in results],
-                        dtype=object),
-        n_problems=len(self.task.eval))
+        task_N=np.array([task_of(r) for r in records], dtype=object),
+        n_problems=len(held))
 
   def __call__(self, params) -> EvalResult:
     return self.sample(params).summary()

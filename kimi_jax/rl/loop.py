@@ -310,9 +310,12 @@ class RLLoop:
   def run(self, state: LoopState, train: ts.TrainState, *,
           evaluate: Callable[[object], EvalResult], saver: IterationSaver,
           metrics: MetricsWriter, checkpoint_every: int,
-          show_progress: bool) -> tuple[LoopState, ts.TrainState]:
+          show_progress: bool, eval_kind: str = "eval"
+          ) -> tuple[LoopState, ts.TrainState]:
     """Iterations from `state.iteration` to `rl.iterations`, evaluating
-    every `rl.eval_every`, saving every `checkpoint_every` and at the end."""
+    every `rl.eval_every` (logged as `eval_kind`: "val" when `evaluate`
+    reads the validation set), saving every `checkpoint_every` and at the
+    end."""
     rl = self.rl
     bar = progress(range(state.iteration, rl.iterations), rl.iterations,
                    "RL", show_progress, state.iteration)
@@ -321,7 +324,7 @@ class RLLoop:
       it = state.iteration
       if rl.eval_every and it % rl.eval_every == 0 and it < rl.iterations:
         result = dataclasses.asdict(evaluate(train.params))
-        metrics.write(it, "eval", result)
+        metrics.write(it, eval_kind, result)
         state = dataclasses.replace(state, last_eval=result)
       metrics.write(it, "rl", row)
       log(format_row(it, row))

@@ -6,7 +6,9 @@ saves as is.
   prompts          per-problem success statistics (prioritized sampling)
   counters         totals since the start of RL
   warmstart_eval   held-out evaluation before RL
-  last_eval        the latest held-out evaluation
+  last_eval        the latest periodic evaluation (on the validation set
+                   when the task has one, else held out)
+  warmstart_val    validation evaluation before RL (None without one)
 
 Its size does not grow with the number of iterations. The exactly-once
 guarantee needs no ledger of ids: the buffer hands out group ids
@@ -54,18 +56,20 @@ class LoopState:
   counters: Counters = Counters()
   warmstart_eval: Mapping[str, float] | None = None
   last_eval: Mapping[str, float] | None = None
+  warmstart_val: Mapping[str, float] | None = None
 
   @classmethod
   def initial(cls, *, group_size: int, max_wait_iterations: int,
               records: Sequence[Mapping[str, Any]],
               prompt_sampling: PromptSamplingConfig,
-              warmstart_eval: Mapping[str, float] | None = None
+              warmstart_eval: Mapping[str, float] | None = None,
+              warmstart_val: Mapping[str, float] | None = None
               ) -> "LoopState":
     return cls(iteration=0,
                buffer=RolloutBuffer(group_size=group_size,
                                     max_wait_iterations=max_wait_iterations),
                prompts=PromptSampler(records, prompt_sampling),
-               warmstart_eval=warmstart_eval)
+               warmstart_eval=warmstart_eval, warmstart_val=warmstart_val)
 
   def copy(self) -> "LoopState":
     """The same state with its own buffer and statistics, to change."""
@@ -78,7 +82,8 @@ class LoopState:
             "prompts": self.prompts.state_dict(),
             "counters": dataclasses.asdict(self.counters),
             "warmstart_eval": self.warmstart_eval,
-            "last_eval": self.last_eval}
+            "last_eval": self.last_eval,
+            "warmstart_val": self.warmstart_val}
 
   @classmethod
   def from_json(cls, data: Mapping[str, Any], *, group_size: int,
@@ -99,4 +104,5 @@ class LoopState:
         state, iteration=int(data["iteration"]),
         counters=Counters(**data["counters"]),
         warmstart_eval=data.get("warmstart_eval"),
-        last_eval=data.get("last_eval"))
+        last_eval=data.get("last_eval"),
+        warmstart_val=data.get("warmstart_val"))
