@@ -9,7 +9,8 @@ and pass-rate steps, report 2.1); long-CoT warm-up rows by rejection
 sampling it (2.2); then the main job: long-CoT SFT on those rows and Kimi
 k1.5 RL on the curated prompts, prioritized by their measured pass rate.
 W/summary.json: curation, warmup, vanilla_eval, warmstart_eval, final_eval
-(pass@1 overall and per task).
+(pass@1 overall and per task), and the same three on the validation set
+(vanilla_val, warmstart_val, final_val; RL's periodic evaluations read it).
 
 The same run without curation: --config.pipeline.curate=False.
 `experiments/gym_tiny.py:micro` is a seconds-scale variant for tests.

@@ -411,7 +411,8 @@ def read_run(run: Run, metrics_path: str) -> dict[str, Any]:
     summary = json.load(f)
   rows = read_jsonl(metrics_path)
   curves = {}
-  for stage, keys in (("rl", RL_CURVES), ("eval", EVAL_CURVES)):
+  for stage, keys in (("rl", RL_CURVES), ("eval", EVAL_CURVES),
+                      ("val", EVAL_CURVES)):
     for key in keys:
       curves[f"{stage}/{key}"] = {
           int(r["step"]): float(r[key]) for r in rows
@@ -423,13 +424,17 @@ def read_run(run: Run, metrics_path: str) -> dict[str, Any]:
       seconds = json.load(f)["seconds"]
   return {"final": summary["final_eval"],
           "warm_start": summary.get("warmstart_eval"),
+          # Runs with a validation set (task.val_path, gym.val_size).
+          "final_val": summary.get("final_val"),
           "iterations": summary.get("iterations"), "curves": curves,
           "seconds": seconds}
 
 
 def aggregate(ablation: Ablation, plan: Sequence[Run]) -> dict[str, Any]:
   """Per arm, over its finished seeds: mean ± std of the final held-out
-  pass@1, greedy accuracy and mean response tokens, and of every curve.
+  pass@1, greedy accuracy and mean response tokens (and of the final
+  validation ones, `final_val`, when the runs have a validation set), and
+  of every curve.
 
   The arms of one seed share the task, the initial weights and the warm
   start, so each arm after the first also gets `vs_reference`: mean ± std
@@ -457,6 +462,9 @@ def aggregate(ablation: Ablation, plan: Sequence[Run]) -> dict[str, Any]:
         "gain": (_stat([d["final"]["pass_at_1"] -
                         d["warm_start"]["pass_at_1"] for d in data])
                  if all(d["warm_start"] for d in data) else None),
+        "final_val": ({k: _stat([d["final_val"][k] for d in data])
+                       for k in FINAL_METRICS}
+                      if all(d["final_val"] for d in data) else None),
         "curves": {k: _curve([d["curves"][k] for d in data]) for k in keys
                    if all(d["curves"][k] for d in data)},
         "run_seconds": [d["seconds"] for d in data],
@@ -510,6 +518,9 @@ def markdown_table(results: Mapping[str, Any], early_step: int | None = None
     head.append("gain (final - warm start)")
   head += [f"Δ pass@1 vs {reference} (paired)", "greedy accuracy",
            "mean response tokens"]
+  val = any(a.get("final_val") for a in arms.values())
+  if val:
+    head.append("final validation pass@1")
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for arm, a in arms.items():
     if not a["n_seeds"]:
@@ -531,15 +542,20 @@ def markdown_table(results: Mapping[str, Any], early_step: int | None = None
       cells.append(_signed(a["gain"], 3) if a.get("gain") else "")
     cells += [_signed(paired["pass_at_1"], 3) if paired else "—",
               _fmt(f["greedy_accuracy"], 3), _fmt(f["mean_length"], 1)]
+    if val:
+      cells.append(_fmt(a["final_val"]["pass_at_1"], 3)
+                   if a.get("final_val") else "")
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 
-# (panel title, curve key) of the figure.
+# (panel title, curve key) of the figure; the validation panel only when
+# the runs have a validation set (their periodic evaluations read it).
 PANELS = (("held-out pass@1", "eval/pass_at_1"),
           ("held-out greedy accuracy", "eval/greedy_accuracy"),
           ("training accuracy", "rl/accuracy"),
           ("training response length (tokens)", "rl/length_mean"))
+VAL_PANEL = ("validation pass@1", "val/pass_at_1")
 
 
 def plot(results: Mapping[str, Any], path: str, *,
@@ -553,10 +569,12 @@ def plot(results: Mapping[str, Any], path: str, *,
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, len(PANELS), figsize=(4.6 * len(PANELS), 3.6),
+  panels = PANELS + ((VAL_PANEL,) if any(
+      VAL_PANEL[1] in d["curves"] for d in arms.values()) else ())
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.6),
                            squeeze=False)
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-  for ax, (title, key) in zip(axes.flat, PANELS):
+  for ax, (title, key) in zip(axes.flat, panels):
     for i, (arm, data) in enumerate(arms.items()):
       curve = data["curves"].get(key)
       if not curve or not curve["steps"]:

@@ -176,18 +176,25 @@ def test_ablation_variants_cite_the_report_and_reject_unknown_names():
 # ---- aggregation ----------------------------------------------------------------
 
 
-def _fake_run(workdir, final, warm, rl_acc, eval_p1, seconds=None):
+def _fake_run(workdir, final, warm, rl_acc, eval_p1, seconds=None,
+              val_p1=None):
   """A finished run's files as the job writes them (summary.json,
-  metrics.jsonl), with given numbers."""
+  metrics.jsonl), with given numbers; `val_p1`: validation pass@1 by step
+  (the last is the final one)."""
   os.makedirs(workdir, exist_ok=True)
+  summary = {"final_eval": final, "warmstart_eval": warm,
+             "iterations": len(rl_acc)}
+  if val_p1:
+    summary["final_val"] = _evals(val_p1[max(val_p1)], 0.0, 1.0)
   with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump({"final_eval": final, "warmstart_eval": warm,
-               "iterations": len(rl_acc)}, f)
+    json.dump(summary, f)
   with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
     f.write(json.dumps({"stage": "sft", "step": 10, "loss": 1.0}) + "\n")
-    for step, p1 in eval_p1.items():
-      f.write(json.dumps({"stage": "eval", "step": step, "pass_at_1": p1,
-                          "greedy_accuracy": p1, "mean_length": 3.0}) + "\n")
+    for stage, points in (("eval", eval_p1), ("val", val_p1 or {})):
+      for step, p1 in points.items():
+        f.write(json.dumps({"stage": stage, "step": step, "pass_at_1": p1,
+                            "greedy_accuracy": p1, "mean_length": 3.0})
+                + "\n")
     for step, acc in rl_acc.items():
       f.write(json.dumps({"stage": "rl", "step": step, "accuracy": acc,
                           "reward": acc, "length_mean": 4.0 + step}) + "\n")
@@ -199,6 +206,34 @@ def _fake_run(workdir, final, warm, rl_acc, eval_p1, seconds=None):
 def _evals(p1, greedy, length):
   return {"pass_at_1": p1, "greedy_accuracy": greedy, "mean_length": length,
           "n_problems": 10}
+
+
+def test_validation_figures_are_aggregated_beside_the_held_out_ones(
+    tmp_path):
+  a = ab.parse_ablation(_toy())
+  plan = a.plan(str(tmp_path), 2)
+  by = {(r.arm, r.seed - 10): r.workdir for r in plan}
+  # Arm a: final validation pass@1 0.4 and 0.8 -> mean 0.6, sample std
+  # sqrt(2 * 0.2^2) = 0.283; at step 1, 0.2 and 0.3 -> 0.25.
+  for k, (mid, last) in enumerate([(0.2, 0.4), (0.3, 0.8)]):
+    _fake_run(by["a", k], _evals(0.5, 0.5, 4.0), _evals(0.1, 0.0, 4.0),
+              {1: 0.5, 2: 0.5}, {0: 0.1, 2: 0.5},
+              val_p1={0: 0.0, 1: mid, 2: last})
+  # Arm b ran without a validation set.
+  _fake_run(by["b", 0], _evals(0.25, 0.5, 8.0), None, {1: 0.5}, {0: 0.1})
+  res = ab.aggregate(a, plan)
+  arm = res["arms"]["a"]
+  assert arm["final_val"]["pass_at_1"]["mean"] == pytest.approx(0.6)
+  assert arm["final_val"]["pass_at_1"]["std"] == pytest.approx(
+      math.sqrt(0.08))
+  curve = arm["curves"]["val/pass_at_1"]
+  assert curve["steps"] == [0, 1, 2]
+  assert curve["mean"] == pytest.approx([0.0, 0.25, 0.6])
+  assert res["arms"]["b"]["final_val"] is None
+  table = ab.markdown_table(res)
+  assert table.splitlines()[0].endswith("| final validation pass@1 |")
+  assert "| 0.600 ± 0.283 |" in table
+  assert ab.plot(res, str(tmp_path / "f.png")) == str(tmp_path / "f.png")
 
 
 def test_aggregate_mean_and_sample_std_by_hand(tmp_path):
