@@ -503,13 +503,18 @@ def _curve_at(curve: Mapping[str, Any] | None, step: int
 def markdown_table(results: Mapping[str, Any], early_step: int | None = None
                    ) -> str:
   """One row per arm: its settings and the final metrics, mean ± std;
-  `early_step` adds held-out pass@1 at that iteration (how fast it learns).
-  The paired difference to the first arm follows the final pass@1."""
+  `early_step` adds pass@1 at that iteration (how fast it learns): held
+  out, or validation when the runs have it (their periodic evaluations
+  read it). The paired difference to the first arm follows the final
+  pass@1."""
   arms = results["arms"]
   reference = next(iter(arms))
+  val = any(a.get("final_val") for a in arms.values())
+  early_key = "val/pass_at_1" if val else "eval/pass_at_1"
   head = ["arm", "settings", "seeds"]
   if early_step is not None:
-    head.append(f"pass@1 at iteration {early_step}")
+    head.append(f"{'validation ' if val else ''}pass@1 at iteration "
+                f"{early_step}")
   warm = any(a.get("gain") for a in arms.values())
   if warm:
     head.append("warm-start pass@1")
@@ -518,7 +523,6 @@ def markdown_table(results: Mapping[str, Any], early_step: int | None = None
     head.append("gain (final - warm start)")
   head += [f"Δ pass@1 vs {reference} (paired)", "greedy accuracy",
            "mean response tokens"]
-  val = any(a.get("final_val") for a in arms.values())
   if val:
     head.append("final validation pass@1")
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -531,7 +535,7 @@ def markdown_table(results: Mapping[str, Any], early_step: int | None = None
     f = a["final"]
     cells = [arm, settings, str(a["n_seeds"])]
     if early_step is not None:
-      at = _curve_at(a["curves"].get("eval/pass_at_1"), early_step)
+      at = _curve_at(a["curves"].get(early_key), early_step)
       cells.append(_fmt(at, 3) if at else "")
     paired = a.get("vs_reference")
     if warm:

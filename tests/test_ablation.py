@@ -230,9 +230,14 @@ def test_validation_figures_are_aggregated_beside_the_held_out_ones(
   assert curve["steps"] == [0, 1, 2]
   assert curve["mean"] == pytest.approx([0.0, 0.25, 0.6])
   assert res["arms"]["b"]["final_val"] is None
-  table = ab.markdown_table(res)
-  assert table.splitlines()[0].endswith("| final validation pass@1 |")
-  assert "| 0.600 ± 0.283 |" in table
+  table = ab.markdown_table(res, early_step=1)
+  head = table.splitlines()[0]
+  assert head.endswith("| final validation pass@1 |")
+  assert "| validation pass@1 at iteration 1 |" in head
+  # Validation pass@1 at iteration 1, then the final one, in a's row.
+  row = next(l for l in table.splitlines() if l.startswith("| a |"))
+  assert row.startswith("| a | `rl.tau=0.5` | 2 | 0.250 ± 0.071 |")
+  assert row.endswith("| 0.600 ± 0.283 |")
   assert ab.plot(res, str(tmp_path / "f.png")) == str(tmp_path / "f.png")
 
 
