@@ -48,8 +48,8 @@ from kimi_jax.console import log
 from kimi_jax.data import curate as curate_lib
 from kimi_jax.data import records as records_lib
 from kimi_jax.data import text_tokenizer, warmup
-from kimi_jax.data.gym_problems import (GymConfig, problem_sets,
-                                        validation_set)
+from kimi_jax.data.gym_problems import (GymConfig, generator_items,
+                                        problem_sets, validation_set)
 from kimi_jax.data.gym_solutions import solution
 from kimi_jax.experiment import parse_config
 from kimi_jax.files import write_json
@@ -233,15 +233,8 @@ def sft_rows(records: list[dict], pipe: PipelineConfig, seed: int
 def vanilla_problems(gym: GymConfig, per_dataset: int) -> list[dict]:
   """Problems past every train, held-out and validation item of each
   generator."""
-  from kimi_jax.rewards.reasoning_gym import make_records
-  out = []
   first = gym.first_unused()
-  for name in gym.names():
-    rows = make_records(name, size=first + per_dataset, seed=gym.seed,
-                        prompt_suffix=gym.prompt_suffix,
-                        **gym.options().get(name, {}))
-    out += rows[first:]
-  return out
+  return generator_items(gym, first, first + per_dataset)
 
 
 def stage_data(config: ml_collections.ConfigDict, paths: Paths) -> dict:

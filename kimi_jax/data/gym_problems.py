@@ -80,16 +80,20 @@ def problem_sets(cfg: GymConfig) -> tuple[list[dict], list[dict]]:
   return train, held
 
 
+def generator_items(cfg: GymConfig, start: int, stop: int) -> list[dict]:
+  """Items [start, stop) of each dataset's generator, dataset by dataset."""
+  options: Mapping[str, dict] = cfg.options()
+  out: list[dict] = []
+  for name in cfg.names():
+    out += make_records(name, size=stop, seed=cfg.seed,
+                        prompt_suffix=cfg.prompt_suffix,
+                        **options.get(name, {}))[start:]
+  return out
+
+
 def validation_set(cfg: GymConfig) -> list[dict]:
   """Validation rows: items [size + eval_size, first_unused) of each
   dataset (empty when `val_size` is 0)."""
-  first = cfg.size + cfg.eval_size
-  out: list[dict] = []
   if not cfg.val_size:
-    return out
-  options: Mapping[str, dict] = cfg.options()
-  for name in cfg.names():
-    out += make_records(name, size=cfg.first_unused(), seed=cfg.seed,
-                        prompt_suffix=cfg.prompt_suffix,
-                        **options.get(name, {}))[first:]
-  return out
+    return []
+  return generator_items(cfg, cfg.size + cfg.eval_size, cfg.first_unused())

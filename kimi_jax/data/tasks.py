@@ -261,8 +261,9 @@ def _jsonl_task(cfg: JsonlTaskConfig, tokenizer: Any,
         path, image_fields, on_bad_row=cfg.on_bad_row, admit=admit)
   train, held = load(cfg.train_path), load(cfg.eval_path)
   reports = {"task_train": train.report, "task_eval": held.report}
-  val = load(cfg.val_path) if cfg.val_path else ()
+  val = ()
   if cfg.val_path:
+    val = load(cfg.val_path)
     reports["task_val"] = val.report
   return Task(name="jsonl", train=train, eval=held,
               reward=registry.make_reward(verifier_name(cfg.reward)),

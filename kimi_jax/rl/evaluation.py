@@ -90,10 +90,12 @@ class Evaluator:
   settings: SamplingSettings
   split: str = "eval"
 
-  @property
-  def records(self) -> Sequence[Mapping[str, Any]]:
+  def __post_init__(self):
     if self.split not in SPLITS:
       raise ValueError(f"unknown split {self.split!r} (known: {SPLITS})")
+
+  @property
+  def records(self) -> Sequence[Mapping[str, Any]]:
     return getattr(self.task, self.split)
 
   def requests(self) -> list[SampleRequest]:
