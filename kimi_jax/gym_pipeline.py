@@ -60,8 +60,9 @@ SECTIONS = ("pipeline", "gym", "curate", "warmup")
 WARMUP_SOURCES = ("clean", "curated")
 # Curation steps that judge difficulty for RL rather than data quality,
 # and the reasons they give for it (not, e.g., a prompt too long to run).
-DIFFICULTY_STEPS = ("easy_to_hack", "pass_rate")
-DIFFICULTY_REASONS = ("easy_to_hack", "trivial", "unsolved")
+DIFFICULTY_STEPS = ("easy_to_hack", "pass_rate", "difficulty_balance")
+DIFFICULTY_REASONS = ("easy_to_hack", "trivial", "unsolved",
+                      "difficulty_balance")
 SUMMARY_FILE = "summary.json"
 
 
@@ -90,10 +91,10 @@ class PipelineConfig:
   warmup_from: which prompts the warm-up rows are sampled for. "curated":
     the RL prompt set. "clean" (the default): every prompt that passed the
     data-quality steps (format, dedup), including those the difficulty
-    steps (easy_to_hack, pass_rate) keep out of RL: report 2.2 builds its
-    warm-up set apart from the RL prompts, and the difficulty filters are
-    about what RL learns from (2.1), not about which worked solutions are
-    worth imitating.
+    steps (easy_to_hack, pass_rate, difficulty_balance) keep out of RL:
+    report 2.2 builds its warm-up set apart from the RL prompts, and the
+    difficulty filters are about what RL learns from (2.1), not about
+    which worked solutions are worth imitating.
   min_word_fraction: the tokenizer's word threshold (text_tokenizer).
   """
 

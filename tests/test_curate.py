@@ -375,6 +375,70 @@ def test_pass_rate_and_bucket_from_known_answers(tmp_path):
   assert len(sampler.eligible(1)) == 2
 
 
+@pytest.mark.parametrize("counts, shares, quota", [
+    ((10, 4, 7), (1, 1, 1), [4, 4, 4]),
+    ((10, 4, 7), (2, 1, 1), [8, 4, 4]),
+    ((10, 4, 7), (1, 2, 1), [2, 4, 2]),
+    ((10, 0, 7), (1, 1, 1), [7, 0, 7]),  # an empty bucket is left out
+    ((10, 4, 7), (1, 0, 1), [7, 0, 7]),  # a share of 0 drops its bucket
+    ((10, 10, 10), (1, 1, 1), [10, 10, 10]),
+    ((3, 9, 9), (0.7, 2.1, 2.1), [3, 9, 9]),  # 3 / 0.7 * 0.7 < 3 in floats
+    ((0, 0, 0), (1, 1, 1), [0, 0, 0]),
+])
+def test_bucket_quota_by_hand(counts, shares, quota):
+  assert C.bucket_quota(counts, shares) == quota
+
+
+def test_difficulty_balance_keeps_buckets_in_their_shares(tmp_path):
+  rows, path = _gym(tmp_path, size=12)
+  answers = {r["prompt"]: r["answer"] for r in rows}
+  # Pass rates 1.0 (easy) for 6 prompts, 0.5 (medium) for 4, 0 (hard) for 2.
+  right = dict(zip(answers, [10] * 6 + [5] * 4 + [0] * 2))
+
+  def answer_for(prompt, j):
+    good = j < right[prompt]
+    return f"<answer>{answers[prompt] if good else 'x'}</answer>"
+
+  def run(**changes):
+    cfg = C.CurateConfig(easy_to_hack=False, **changes)
+    return C.curate(path, cfg, policy=TablePolicy(answer_for),
+                    reward=ReasoningGymReward())
+
+  result = run(bucket_shares=(1, 1, 1))
+  kept = [r.added["difficulty_bucket"] for r in result.kept]
+  assert sorted(kept) == ["easy", "easy", "hard", "hard", "medium", "medium"]
+  assert {d.reason for d in result.dropped} == {"difficulty_balance"}
+  assert len(result.kept) + len(result.dropped) == 12
+  step = result.steps[-1]
+  assert step.name == "difficulty_balance"
+  assert step.info["by_bucket_before"] == {"easy": 6, "medium": 4, "hard": 2}
+  assert step.info["quota"] == {"easy": 2, "medium": 2, "hard": 2}
+  assert "'easy' bucket over its quota of 2 (shares 1:1:1)" in [
+      d.detail for d in result.dropped][0]
+  # Shares 2:1:0 keep twice as many easy as medium prompts and no hard one.
+  result = run(bucket_shares=(2, 1, 0))
+  assert sorted(r.added["difficulty_bucket"] for r in result.kept) == (
+      ["easy"] * 6 + ["medium"] * 3)
+  # Which rows go is a seeded choice, not file order.
+  picks = {seed: sorted(r.line for r in run(bucket_shares=(1, 1, 1),
+                                            seed=seed).kept)
+           for seed in range(4)}
+  assert len(set(map(tuple, picks.values()))) > 1
+  # Off by default: all 12 kept.
+  assert len(run().kept) == 12
+
+
+def test_bucket_shares_are_checked():
+  with pytest.raises(ValueError, match=r"bucket_shares needs 3 shares"):
+    C.CurateConfig(bucket_shares=(1, 1))
+  with pytest.raises(ValueError, match=r"bucket_shares needs 3 shares"):
+    C.CurateConfig(bucket_shares=(1, -1, 1))
+  with pytest.raises(ValueError, match=r"bucket_shares needs 3 shares"):
+    C.CurateConfig(bucket_shares=(0, 0, 0))
+  with pytest.raises(ValueError, match=r"turn curate.pass_rate on"):
+    C.CurateConfig(bucket_shares=(1, 1, 1), pass_rate=False)
+
+
 def test_pass_rate_asks_through_the_pass_template(tmp_path):
   # A model that is right only when asked for steps: its pass rate is 0 on
   # the plain prompt and 1 through a template with the cue.

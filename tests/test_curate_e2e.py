@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -143,7 +144,8 @@ def test_gym_demo_through_the_launchers(tmp_path):
   _run("launch/curate.py", f"--config={config}", f"--in={raw}",
        f"--out={out}", f"--report={tmp_path / 'report.json'}",
        f"--held_out={held}", f"--held_out={val}",
-       "--config.curate.on_bad_row=reject", *policy)
+       "--config.curate.on_bad_row=reject",
+       "--config.curate.bucket_shares=(1, 1, 1)", *policy)
   report = json.loads((tmp_path / "report.json").read_text())
   kept = [json.loads(line) for line in out.read_text().splitlines()]
   rejected = [json.loads(line) for line in
@@ -168,6 +170,14 @@ def test_gym_demo_through_the_launchers(tmp_path):
     assert row["tags"][0].startswith("rg/")
     assert 0 <= row["pass_rate"] <= 1
     assert row["difficulty_bucket"] in ("easy", "medium", "hard")
+  # The difficulty balance from the command line: the non-empty buckets
+  # end equal.
+  balance = steps["difficulty_balance"]
+  assert balance["enabled"]
+  assert sum(balance["info"]["by_bucket_before"].values()) == (
+      steps["pass_rate"]["kept"])
+  buckets = collections.Counter(row["difficulty_bucket"] for row in kept)
+  assert len(set(buckets.values())) == 1
   # Rejection sampling: a policy that only ever writes \\boxed{4} or
   # \\boxed{7} solves no reasoning-gym problem, and the tool says so
   # instead of writing an empty SFT set.

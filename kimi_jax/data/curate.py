@@ -25,6 +25,10 @@ the report:
    `rl/prompt_sampling.py` reads it; `difficulty_bucket` names it). A
    prompt solved more often than `max_pass_rate` is dropped as trivial.
 7. tag_cap: at most `max_per_tag` records per primary tag (seeded choice).
+8. difficulty_balance: the difficulty buckets cut to the shares in
+   `bucket_shares` (report 2.1, "balanced difficulty"): the largest set
+   whose bucket counts are in those proportions (seeded choice of which
+   rows go; a bucket with no rows is left out of the proportion).
 
 After the steps, the report's `answer_shift` compares each tag's answers in
 the input and in the kept rows, and warns when curation all but removed an
@@ -56,7 +60,7 @@ from kimi_jax.data.records import DataError, PromptFields, RowError
 from kimi_jax.rewards.base import RewardFn, score_all
 
 STEPS = ("read", "format", "dedup", "tags", "easy_to_hack", "pass_rate",
-         "tag_cap")
+         "tag_cap", "difficulty_balance")
 _MODEL_STEPS = ("easy_to_hack", "pass_rate")
 _ON_BAD_ROW = ("error", "reject")
 NO_COT_TEMPLATE = ("{question}\n\nGive only the final answer between "
@@ -116,6 +120,11 @@ class CurateConfig:
   bucket_names: tuple[str, ...] = ("easy", "medium", "hard")
   max_pass_rate: float = 1.0  # drop prompts solved more often (trivial)
   min_pass_rate: float = 0.0  # drop prompts solved less often (0: keep all)
+  # Shares of the difficulty buckets in the kept set, in bucket_names order
+  # (e.g. (1, 1, 1): as many easy as medium as hard; a 0 drops a bucket);
+  # empty: no balancing (ours; report 2.1 asks for "a well-distributed
+  # range of easy, moderate, and difficult questions").
+  bucket_shares: tuple[float, ...] = ()
   # The answer-shift check (answer_shift.py; ours): an answer at least
   # min_share of a tag's input rows but under keep_ratio times that share of
   # its kept rows is reported, for tags of at least min_rows input rows.
@@ -143,6 +152,16 @@ class CurateConfig:
     if len(self.bucket_names) != len(edges) + 1:
       raise ValueError(f"curate.bucket_names needs {len(edges) + 1} names "
                        f"(one more than difficulty_edges)")
+    shares = tuple(self.bucket_shares)
+    if shares and (len(shares) != len(self.bucket_names)
+                   or min(shares) < 0 or sum(shares) <= 0):
+      raise ValueError(
+          f"curate.bucket_shares needs {len(self.bucket_names)} shares >= 0 "
+          f"(one per bucket of {tuple(self.bucket_names)}, not all 0), got "
+          f"{self.bucket_shares}")
+    if shares and not self.pass_rate:
+      raise ValueError("curate.bucket_shares balances the buckets the "
+                       "pass_rate step measures: turn curate.pass_rate on")
     if not 0 <= self.min_pass_rate <= self.max_pass_rate <= 1:
       raise ValueError("curate: need 0 <= min_pass_rate <= max_pass_rate "
                        "<= 1")
@@ -442,13 +461,48 @@ def pass_rate_step(rows: Sequence[Row], cfg: CurateConfig, policy: Policy,
 def tag_cap_step(rows: Sequence[Row], cfg: CurateConfig):
   tag_lists = [r.record.get("tags") or [] for r in rows]
   order = np.random.default_rng(cfg.seed).permutation(len(rows))
-  gone = set(tagging.over_cap(tag_lists, cfg.max_per_tag, order))
+  gone = set(tagging.over_quota([tagging.primary(t) for t in tag_lists],
+                                lambda _: cfg.max_per_tag, order))
   kept = [r for i, r in enumerate(rows) if i not in gone]
   dropped = [Dropped(rows[i], "tag_cap", "tag_cap",
                      f"more than {cfg.max_per_tag} records tagged "
                      f"{tagging.primary(tag_lists[i])!r}")
              for i in sorted(gone)]
   return kept, dropped
+
+
+def bucket_quota(counts: Sequence[int], shares: Sequence[float]
+                 ) -> list[int]:
+  """The most rows per bucket, at most `counts`, in proportion to `shares`.
+
+  Buckets with no rows are left out of the proportion (otherwise one empty
+  bucket would empty the set); a share of 0 keeps none of its bucket.
+  """
+  live = [i for i, (c, s) in enumerate(zip(counts, shares)) if c and s > 0]
+  if not live:
+    return [0] * len(counts)
+  scale = min(counts[i] / shares[i] for i in live)
+  # The epsilon keeps e.g. 3 * (10 / 3) from flooring to 9.
+  return [min(c, int(scale * s + 1e-9)) if i in live else 0
+          for i, (c, s) in enumerate(zip(counts, shares))]
+
+
+def difficulty_balance_step(rows: Sequence[Row], cfg: CurateConfig):
+  names = list(cfg.bucket_names)
+  buckets = [r.added["difficulty_bucket"] for r in rows]
+  counts = [buckets.count(n) for n in names]
+  quota = dict(zip(names, bucket_quota(counts, cfg.bucket_shares)))
+  order = np.random.default_rng(cfg.seed + 2).permutation(len(rows))
+  gone = set(tagging.over_quota(buckets, quota.__getitem__, order))
+  kept = [r for i, r in enumerate(rows) if i not in gone]
+  shares = ":".join(f"{s:g}" for s in cfg.bucket_shares)
+  dropped = [Dropped(rows[i], "difficulty_balance", "difficulty_balance",
+                     f"{buckets[i]!r} bucket over its quota of "
+                     f"{quota[buckets[i]]} (shares {shares})")
+             for i in sorted(gone)]
+  info = {"by_bucket_before": dict(zip(names, counts)), "quota": quota,
+          "empty_buckets": [n for n, c in zip(names, counts) if not c]}
+  return kept, dropped, info
 
 
 # ---------------------------------------------------------------------------
@@ -490,6 +544,8 @@ def curate(path: str, cfg: CurateConfig, *, policy: Policy | None = None,
   run("easy_to_hack", cfg.easy_to_hack, easy_to_hack_step, policy, reward)
   run("pass_rate", cfg.pass_rate, pass_rate_step, policy, reward)
   run("tag_cap", cfg.tags and cfg.max_per_tag > 0, tag_cap_step)
+  run("difficulty_balance", cfg.pass_rate and bool(cfg.bucket_shares),
+      difficulty_balance_step)
   if cfg.tags:
     steps[-1].info["balance_after"] = tagging.balance(
         r.record.get("tags") or [] for r in rows)

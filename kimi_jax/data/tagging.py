@@ -80,15 +80,15 @@ def balance(tag_lists: Iterable[Sequence[str]]) -> dict[str, int]:
   return dict(counts.most_common())
 
 
-def over_cap(tag_lists: Sequence[Sequence[str]], cap: int,
-             order: Sequence[int]) -> list[int]:
-  """Indices beyond `cap` records of their primary tag, visiting records in
-  `order` (a seeded permutation, so which ones go is not file order)."""
+def over_quota(keys: Sequence[str], quota: Callable[[str], int],
+               order: Sequence[int]) -> list[int]:
+  """Indices beyond `quota(key)` records of their key (a primary tag, a
+  difficulty bucket), visiting records in `order` (a seeded permutation, so
+  which ones go is not file order)."""
   seen: collections.Counter = collections.Counter()
   out = []
   for i in order:
-    tag = primary(tag_lists[i])
-    seen[tag] += 1
-    if seen[tag] > cap:
+    seen[keys[i]] += 1
+    if seen[keys[i]] > quota(keys[i]):
       out.append(i)
   return sorted(out)
