@@ -7,10 +7,12 @@
 Steps (each switchable with --config.curate.<step>=False): format filter
 (multiple-choice / true-false / proof), exact and near-duplicate removal
 (and of repeats of the --held_out evaluation and validation problems),
-domain tags and per-tag balance (optional cap), easy-to-hack filter (no-CoT
-guesses), difficulty by pass rate (pass_rate + difficulty bucket), tag cap,
-difficulty balance (--config.curate.bucket_shares="(1, 1, 1)": as many easy
-as medium as hard prompts).
+domain tags (rules, or --config.curate.tagger=learned: a model fitted on
+labelled prompts) and per-tag balance, easy-to-hack filter (no-CoT
+guesses), difficulty by pass rate (pass_rate + difficulty bucket), tag cap
+(optional), difficulty balance (optional:
+--config.curate.bucket_shares="(1, 1, 1)" keeps as many easy as medium as
+hard prompts).
 The model steps ask the policy of --config.policy.workdir (a kimi_jax run)
 or of --config.policy.experiment (+ init_from_hf) through our sampler, and
 verify with --config.reward.name. Every dropped row goes to --rejected

@@ -325,6 +325,99 @@ def test_tag_cap_keeps_at_most_cap_per_primary_tag(tmp_path):
   assert result.steps[-1].info["balance_after"] == {"a": 2, "b": 2, "c": 1}
 
 
+def test_naive_bayes_posterior_by_hand():
+  # Features of the training texts (alpha 1, 11 distinct features, so each
+  # tag's denominator is its feature count + 12):
+  #   math: add x2, two, numbers x2, "add two", "two numbers",
+  #         "add numbers" -> 8 features, denominator 20, prior 2/3;
+  #   spell: reverse, the, word, "reverse the", "the word" -> 5, 17, 1/3.
+  # "add word" = [add, word, "add word"]:
+  #   math  2/3 * 3/20 * 1/20 * 1/20 = 1/4000,
+  #   spell 1/3 * 1/17 * 2/17 * 1/17 = 2/14739.
+  tagger = tagging.fit_naive_bayes(
+      ["add two numbers", "add numbers", "reverse the word"],
+      ["math", "math", "spell"])
+  assert tagger.tags == ("math", "spell")
+  assert tagger.posterior("Add word") == pytest.approx(
+      [14739 / 22739, 8000 / 22739])
+  assert tagging.features("Add 12 + 3.5") == [
+      "add", "<num>", "+", "<num>", "add <num>", "<num> +", "+ <num>"]
+  record = {"prompt": "add word"}
+  assert tagger(record) == ["math"]
+  strict = dataclasses.replace(tagger, min_confidence=0.7)
+  assert strict(record) == []  # 0.648 < 0.7: untagged
+  assert strict({"prompt": "add word", "tags": ["own"]}) == ["own"]
+  with pytest.raises(ValueError, match="at least 2 tags"):
+    tagging.fit_naive_bayes(["a", "b"], ["x", "x"])
+
+
+GYM_KINDS = ("basic_arithmetic", "chain_sum", "spell_backward",
+             "letter_counting", "word_sorting", "syllogism",
+             "simple_equations")
+
+
+def test_learned_tagger_tags_unseen_reasoning_gym_problems():
+  # Fitted on 20 problems per generator, it names the generator of 40 new
+  # problems each (other seeds), from the prompt text alone.
+  train = [{"prompt": r["prompt"], "tags": [f"rg/{d}"]}
+           for d in GYM_KINDS for r in make_records(d, size=20, seed=1)]
+  tagger = tagging.make_tagger("learned", train, min_confidence=0.5)
+  test = [(r["prompt"], f"rg/{d}")
+          for d in GYM_KINDS for r in make_records(d, size=40, seed=2)]
+  right = sum(tagger({"prompt": p}) == [tag] for p, tag in test)
+  assert right / len(test) >= 0.95
+  # The keyword rules cannot tell these kinds apart (one label for all the
+  # arithmetic ones), which is what a learned tagger is for.
+  keyword = {tuple(tagging.keyword_tags({"prompt": p})) for p, _ in test}
+  assert len(keyword) < len(GYM_KINDS)
+
+
+def test_curate_with_the_learned_tagger(tmp_path):
+  # Half the input carries its generator as a tag, half has none: the
+  # learned tagger is fitted on the tagged half and tags the rest.
+  rows = []
+  for d in ("chain_sum", "spell_backward", "letter_counting"):
+    for i, r in enumerate(make_records(d, size=20, seed=5)):
+      r = {"prompt": r["prompt"], "answer": r["answer"]}
+      rows.append(dict(r, tags=[f"rg/{d}"]) if i % 2 else
+                  dict(r, truth=f"rg/{d}"))
+  path = _write(tmp_path / "raw.jsonl", rows)
+  cfg = _no_model(tagger="learned", dedup=False)
+  result = C.curate(path, cfg)
+  untagged = [r for r in result.kept if "truth" in r.raw]
+  assert len(untagged) == 30
+  assert sum(r.record["tags"] == [r.raw["truth"]] for r in untagged) >= 28
+  info = {st.name: st for st in result.steps}["tags"].info
+  assert info["tagger"] == "learned"
+  assert info["learned"]["fitted_rows"] == 30
+  assert info["learned"]["rows_with_own_tags"] == 30
+  assert info["learned"]["fitted_on"] == "the input's tagged rows"
+  # Or fitted on a labelled file of its own.
+  labelled = _write(tmp_path / "labelled.jsonl",
+                    [{"prompt": r["prompt"], "tags": r["tags"]}
+                     for r in rows if "tags" in r])
+  bare = [r for r in rows if "truth" in r]
+  result = C.curate(_write(tmp_path / "bare.jsonl", bare),
+                    _no_model(tagger="learned", dedup=False,
+                              tagger_train=labelled))
+  assert sum(r.record["tags"] == [r.raw["truth"]]
+             for r in result.kept) >= 28
+  info = {st.name: st for st in result.steps}["tags"].info
+  assert info["learned"]["fitted_on"] == labelled
+  # Bad labelled rows and label sets name the file, line and field.
+  bad = _write(tmp_path / "bad.jsonl", [{"prompt": "a", "tags": ["x"]},
+                                        {"prompt": "b", "tags": []}])
+  with pytest.raises(DataError, match=r"bad.jsonl:2: field 'tags'"):
+    C.curate(path, _no_model(tagger="learned", tagger_train=bad))
+  one = _write(tmp_path / "one.jsonl", [{"prompt": "a", "tags": "x"}])
+  with pytest.raises(DataError, match=r"at least 2 tags.*one.jsonl"):
+    C.curate(path, _no_model(tagger="learned", tagger_train=one))
+  with pytest.raises(ValueError, match="tagger_train fits the 'learned'"):
+    _no_model(tagger_train=labelled)
+  with pytest.raises(ValueError, match="unknown tagger 'nope'"):
+    _no_model(tagger="nope")
+
+
 # ---------------------------------------------------------------------------
 # Model steps with a policy whose answers are known
 

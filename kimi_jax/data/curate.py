@@ -13,8 +13,9 @@ the report:
 3. dedup: exact and near-duplicate prompts are dropped (`dedup`: normalised
    hash, character 5-gram Jaccard >= 0.8), and so are prompts that repeat a
    held-out evaluation problem (`held_out`).
-4. tags: each record gets domain tags (`tagging`: its own, or a tagger's);
-   the report holds the per-tag balance before and after curation.
+4. tags: each record gets domain tags (`tagging`: its own, or a tagger's:
+   rules, or a model fitted on labelled prompts, `tagger="learned"`); the
+   report holds the per-tag balance before and after curation.
 5. easy_to_hack: the model answers with no chain of thought `hack_guesses`
    times (8, the report's N); a prompt answered correctly by any guess is
    dropped.
@@ -98,6 +99,12 @@ class CurateConfig:
   dedup_search: str = "auto"
   tags: bool = True
   tagger: str = "auto"
+  # The "learned" tagger (tagging.fit_naive_bayes; ours) is fitted on this
+  # JSONL of labelled prompts (prompt_field and tags_field), or, when empty,
+  # on the input rows that have tags, and tags the rest; below this
+  # posterior a row stays untagged.
+  tagger_train: str = ""
+  tagger_min_confidence: float = 0.5
   max_per_tag: int = 0  # 0: no cap
   easy_to_hack: bool = True
   hack_guesses: int = 8  # report 2.1: N = 8
@@ -169,7 +176,12 @@ class CurateConfig:
       raise ValueError("curate.pass_template must contain {prompt}")
     if "{question}" not in self.hack_template:
       raise ValueError("curate.hack_template must contain {question}")
-    tagging.make_tagger(self.tagger)
+    tagging.check_tagger_name(self.tagger)
+    if not 0 <= self.tagger_min_confidence <= 1:
+      raise ValueError("curate.tagger_min_confidence must be in [0, 1]")
+    if self.tagger_train and self.tagger != tagging.LEARNED:
+      raise ValueError(f"curate.tagger_train fits the {tagging.LEARNED!r} "
+                       f"tagger; curate.tagger is {self.tagger!r}")
     self.fields()
     self.dedup_config()
     self.shift_rule()
@@ -352,14 +364,74 @@ def dedup_step(rows: Sequence[Row], cfg: CurateConfig,
   return kept, dropped
 
 
-def tags_step(rows: Sequence[Row], cfg: CurateConfig) -> dict:
-  tagger = tagging.make_tagger(cfg.tagger)
+def read_labelled(path: str, cfg: CurateConfig) -> list[dict]:
+  """The learned tagger's training prompts: {"prompt", "tags"} per line of
+  `path` (fields prompt_field and tags_field); a bad line is an error
+  naming file, line and field."""
+  if not os.path.isfile(path):
+    raise DataError(f"{path}: file not found (curate.tagger_train)")
+  out = []
+  with open(path, "rb") as f:
+    for line_no, raw in enumerate(f, 1):
+      if not raw.strip():
+        continue
+      where = f"{path}:{line_no}"
+      try:
+        row = json.loads(raw)
+      except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{where}: not valid JSON ({exc})") from None
+      if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object")
+      prompt, tags = row.get(cfg.prompt_field), row.get(cfg.tags_field)
+      if isinstance(tags, str):
+        tags = [tags]
+      if not isinstance(prompt, str) or not prompt.strip():
+        raise DataError(f"{where}: field {cfg.prompt_field!r}: expected a "
+                        f"non-empty string")
+      if (not isinstance(tags, list) or not tags
+          or not all(isinstance(t, str) and t for t in tags)):
+        raise DataError(f"{where}: field {cfg.tags_field!r}: expected a tag "
+                        f"or a non-empty list of tags")
+      out.append({"prompt": prompt, "tags": tags})
+  return out
+
+
+def build_tagger(rows: Sequence[Row], cfg: CurateConfig
+                 ) -> tuple[tagging.Tagger, dict]:
+  """`cfg.tagger`, fitted when it is the learned one (on `tagger_train`,
+  else on the tagged rows of the input), and what it was fitted on."""
+  if cfg.tagger != tagging.LEARNED:
+    return tagging.make_tagger(cfg.tagger), {}
+  if cfg.tagger_train:
+    labelled, source = read_labelled(cfg.tagger_train, cfg), cfg.tagger_train
+  else:
+    labelled, source = [r.record for r in rows], "the input's tagged rows"
+  try:
+    tagger = tagging.make_tagger(cfg.tagger, labelled,
+                                 cfg.tagger_min_confidence)
+  except ValueError as exc:
+    raise DataError(f"curate.tagger={tagging.LEARNED!r}: {exc} in "
+                    f"{source}") from None
+  fitted = sum(bool(tagging.record_tags(r)) for r in labelled)
+  return tagger, {"fitted_on": source, "fitted_rows": fitted,
+                  "tags": list(tagger.tags),
+                  "min_confidence": cfg.tagger_min_confidence}
+
+
+def tags_step(rows: Sequence[Row], cfg: CurateConfig,
+              tagger: tagging.Tagger, fitted: dict) -> dict:
+  had_tags = sum(bool(tagging.record_tags(r.record)) for r in rows)
   for row in rows:
     tags = [str(t) for t in tagger(row.record)]
     row.record["tags"] = tags
     row.added[cfg.tags_field] = tags
-  return {"tagger": cfg.tagger,
+  info = {"tagger": cfg.tagger,
           "balance": tagging.balance(r.record["tags"] for r in rows)}
+  if fitted:
+    info["learned"] = dict(fitted, rows_with_own_tags=had_tags,
+                           left_untagged=sum(not r.record["tags"]
+                                             for r in rows))
+  return info
 
 
 def _fits(rows: Sequence[Row], policy: Policy, prompts: Sequence[str],
@@ -540,7 +612,9 @@ def curate(path: str, cfg: CurateConfig, *, policy: Policy | None = None,
 
   run("format", cfg.format_filter, format_step)
   run("dedup", cfg.dedup, dedup_step, held_out)
-  run("tags", cfg.tags, tags_step)
+  tagger, fitted = (build_tagger(rows, cfg) if cfg.tags
+                    else (tagging.make_tagger("record"), {}))
+  run("tags", cfg.tags, tags_step, tagger, fitted)
   run("easy_to_hack", cfg.easy_to_hack, easy_to_hack_step, policy, reward)
   run("pass_rate", cfg.pass_rate, pass_rate_step, policy, reward)
   run("tag_cap", cfg.tags and cfg.max_per_tag > 0, tag_cap_step)
@@ -549,16 +623,16 @@ def curate(path: str, cfg: CurateConfig, *, policy: Policy | None = None,
   if cfg.tags:
     steps[-1].info["balance_after"] = tagging.balance(
         r.record.get("tags") or [] for r in rows)
-  shift = (_answer_shift(rows_in, rows, cfg) if cfg.answer_shift else {})
+  shift = (_answer_shift(rows_in, rows, cfg, tagger) if cfg.answer_shift
+           else {})
   return CurateResult(rows, dropped, steps, steps[0].rows_in, path, shift)
 
 
 def _answer_shift(rows_in: Sequence[Row], kept: Sequence[Row],
-                  cfg: CurateConfig) -> dict:
+                  cfg: CurateConfig, tagger: tagging.Tagger) -> dict:
   """`answer_shift.answer_shift` over the valid input rows and the kept
   ones, by primary tag (the tagger's, so rows dropped before the tags step
   count under the tag they would have had; "all" with tags off)."""
-  tagger = tagging.make_tagger(cfg.tagger)
 
   def pairs(rows: Sequence[Row]) -> list[tuple[str, Any]]:
     return [(tagging.primary([str(t) for t in tagger(r.record)])
