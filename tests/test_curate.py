@@ -409,7 +409,7 @@ def test_curate_with_the_learned_tagger(tmp_path):
                                         {"prompt": "b", "tags": []}])
   with pytest.raises(DataError, match=r"bad.jsonl:2: field 'tags'"):
     C.curate(path, _no_model(tagger="learned", tagger_train=bad))
-  one = _write(tmp_path / "one.jsonl", [{"prompt": "a", "tags": "x"}])
+  one = _write(tmp_path / "one.jsonl", [{"prompt": "a", "tags": ["x"]}])
   with pytest.raises(DataError, match=r"at least 2 tags.*one.jsonl"):
     C.curate(path, _no_model(tagger="learned", tagger_train=one))
   with pytest.raises(ValueError, match="tagger_train fits the 'learned'"):

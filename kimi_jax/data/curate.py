@@ -56,6 +56,7 @@ import numpy as np
 from kimi_jax.data import answer_shift as shift_lib
 from kimi_jax.data import dedup as dedup_lib
 from kimi_jax.data import question_format, tagging
+from kimi_jax.data import records as records_lib
 from kimi_jax.data.policy import Policy
 from kimi_jax.data.records import DataError, PromptFields, RowError
 from kimi_jax.rewards.base import RewardFn, score_all
@@ -365,35 +366,19 @@ def dedup_step(rows: Sequence[Row], cfg: CurateConfig,
 
 
 def read_labelled(path: str, cfg: CurateConfig) -> list[dict]:
-  """The learned tagger's training prompts: {"prompt", "tags"} per line of
-  `path` (fields prompt_field and tags_field); a bad line is an error
+  """The learned tagger's training prompts: {"prompt", "tags"} per row of
+  `path` (fields prompt_field and tags_field); bad rows are an error
   naming file, line and field."""
-  if not os.path.isfile(path):
-    raise DataError(f"{path}: file not found (curate.tagger_train)")
-  out = []
-  with open(path, "rb") as f:
-    for line_no, raw in enumerate(f, 1):
-      if not raw.strip():
-        continue
-      where = f"{path}:{line_no}"
-      try:
-        row = json.loads(raw)
-      except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{where}: not valid JSON ({exc})") from None
-      if not isinstance(row, dict):
-        raise DataError(f"{where}: expected a JSON object")
-      prompt, tags = row.get(cfg.prompt_field), row.get(cfg.tags_field)
-      if isinstance(tags, str):
-        tags = [tags]
-      if not isinstance(prompt, str) or not prompt.strip():
-        raise DataError(f"{where}: field {cfg.prompt_field!r}: expected a "
-                        f"non-empty string")
-      if (not isinstance(tags, list) or not tags
-          or not all(isinstance(t, str) and t for t in tags)):
-        raise DataError(f"{where}: field {cfg.tags_field!r}: expected a tag "
-                        f"or a non-empty list of tags")
-      out.append({"prompt": prompt, "tags": tags})
-  return out
+
+  def validate(row: Mapping[str, Any]) -> dict:
+    tags = records_lib.tags_field(row, cfg.tags_field)
+    if not tags:
+      raise RowError(cfg.tags_field, "missing or empty (a labelled prompt "
+                     "needs a tag)")
+    return {"prompt": records_lib.text_field(row, cfg.prompt_field),
+            "tags": tags}
+
+  return list(records_lib.JsonlSource(path, validate))
 
 
 def build_tagger(rows: Sequence[Row], cfg: CurateConfig

@@ -92,7 +92,7 @@ class LoadReport:
 # Field checks
 
 
-def _text(row: Mapping[str, Any], field: str) -> str:
+def text_field(row: Mapping[str, Any], field: str) -> str:
   if field not in row or row[field] is None:
     raise RowError(field, "missing")
   value = row[field]
@@ -126,7 +126,7 @@ def _number(row: Mapping[str, Any], field: str) -> float | None:
   return float(value)
 
 
-def _tags(row: Mapping[str, Any], field: str) -> list[str] | None:
+def tags_field(row: Mapping[str, Any], field: str) -> list[str] | None:
   value = row.get(field)
   if value is None:
     return None
@@ -198,20 +198,20 @@ class PromptFields:
   def validate(self, row: Mapping[str, Any]) -> Record:
     """The canonical record of one row; raises RowError naming the field."""
     record = dict(row)
-    record["prompt"] = _text(row, self.prompt)
+    record["prompt"] = text_field(row, self.prompt)
     if self.kind == "math" or row.get(self.answer) is not None:
       record["answer"] = _answer(row, self.answer)
     elif self.kind == "code":
       if row.get(self.tests) is not None:
         record["tests"] = _io_tests(row, self.tests)
       elif row.get("test") is not None or row.get("entry_point") is not None:
-        record["test"] = _text(row, "test")
-        record["entry_point"] = _text(row, "entry_point")
+        record["test"] = text_field(row, "test")
+        record["entry_point"] = text_field(row, "entry_point")
       else:
         raise RowError(self.tests, "missing (a code task needs stdin/stdout "
                        "tests, or 'test' + 'entry_point')")
     for key, field, check in (("difficulty", self.difficulty, _number),
-                              ("tags", self.tags, _tags)):
+                              ("tags", self.tags, tags_field)):
       value = check(row, field)
       record.pop(field, None)
       if value is not None:
@@ -235,8 +235,8 @@ class SFTFields:
     if self.prompt not in row and self.response not in row:
       raise RowError(None, f"needs {self.prompt!r} + {self.response!r} or "
                      f"{self.messages!r}")
-    record["prompt"] = _text(row, self.prompt)
-    record["response"] = _text(row, self.response)
+    record["prompt"] = text_field(row, self.prompt)
+    record["response"] = text_field(row, self.response)
     return record
 
 
