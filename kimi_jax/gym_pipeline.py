@@ -133,8 +133,10 @@ FILES = {"train": "data/train.jsonl", "eval": "data/eval.jsonl",
          "curated": "data/curated.jsonl",
          "rejected": "data/curated.rejected.jsonl",
          "curation": "data/curation.json",
+         "curate_journal": "data/curated.journal.jsonl",
          "warmup": "data/warmup.jsonl",
          "warmup_report": "data/warmup.json",
+         "warmup_journal": "data/warmup.journal.jsonl",
          "data_done": "data/problems.json",
          "vanilla": "vanilla", "rl": "rl"}
 
@@ -287,9 +289,14 @@ def stage_curate(config: ml_collections.ConfigDict, paths: Paths,
       return json.load(f)
   from kimi_jax.data import tools_config
   cfg = tools_config.curate_config(config)
+  # Finished chunks of model answers survive a kill mid-stage.
+  journal = tools_config.model_journal(paths.curate_journal, policy(),
+                                       config)
   result = curate_lib.curate(paths.train, cfg, policy=policy(),
                              reward=reward,
-                             held_out=guarded_records(paths, cfg.fields()))
+                             held_out=guarded_records(paths, cfg.fields()),
+                             journal=journal,
+                             progress=bool(config.log.progress))
   # The report is written last: its presence marks the stage finished.
   return curate_lib.write_outputs(result, paths.curated, paths.rejected,
                                   paths.curation)
@@ -309,8 +316,11 @@ def stage_warmup(config: ml_collections.ConfigDict, paths: Paths,
   if pipe.curate and pipe.warmup_from == "clean":
     records += difficulty_rejected(paths.rejected)
     source = f"{paths.curated} + {paths.rejected} ({DIFFICULTY_STEPS})"
+  journal = tools_config.model_journal(paths.warmup_journal, policy(),
+                                       config)
   result = warmup.rejection_sample(records, cfg, policy=policy(),
-                                   reward=reward)
+                                   reward=reward, journal=journal,
+                                   progress=bool(config.log.progress))
   if not result.rows:
     raise ConfigError("warm-up: no verified response to train on; see "
                       "the acceptance rates (more vanilla_sft_steps, or "

@@ -19,7 +19,10 @@ verify with --config.reward.name. Every dropped row goes to --rejected
 (default: OUT with .rejected.jsonl) with its step and reason; the report
 counts rows read, kept and dropped per step and reason, and each tag's
 most common answers before and after; a warning on stderr names an answer
-curation all but removed (curate.answer_shift*; docs/curation.md).
+curation all but removed (curate.answer_shift*; docs/curation.md). The
+model steps ask in chunks (curate.chunk_prompts) and journal each finished
+one (--journal), so a killed run, rerun with the same command, asks only
+for what is left.
 """
 
 import json
@@ -41,11 +44,12 @@ _HELD_OUT = flags.DEFINE_multi_string(
 _REJECTED = flags.DEFINE_string(
     "rejected", None, "dropped rows with reasons (JSONL; default: OUT with "
     ".rejected.jsonl)")
-
-
-def rejected_path(out: str) -> str:
-  stem = out[:-len(".jsonl")] if out.endswith(".jsonl") else out
-  return stem + ".rejected.jsonl"
+_JOURNAL = flags.DEFINE_string(
+    "journal", None, "the model steps' finished chunks (JSONL; default: OUT "
+    "with .journal.jsonl): a rerun of a killed run asks the model only for "
+    "the chunks left (--config.curate.chunk_prompts per chunk)")
+_PROGRESS = flags.DEFINE_bool("progress", True,
+                              "progress bars of the model steps on stderr")
 
 
 def main(argv):
@@ -64,19 +68,29 @@ def main(argv):
     from kimi_jax.data import records
     held_out = [r for path in _HELD_OUT.value
                 for r in records.load_prompt_source(path, cfg.fields())]
-    policy = reward = None
+    policy = reward = journal = None
     if cfg.needs_model:
       reward = tools_config.make_reward(config)
       policy = tools_config.load_policy(tools_config.policy_config(config))
+      journal = tools_config.model_journal(
+          _JOURNAL.value or tools_config.sibling_path(_OUT.value,
+                                                      ".journal.jsonl"),
+          policy, config)
     result = curate_lib.curate(flags.FLAGS["in"].value, cfg, policy=policy,
-                               reward=reward, held_out=held_out)
+                               reward=reward, held_out=held_out,
+                               journal=journal, progress=_PROGRESS.value)
   except ConfigError as exc:
     sys.exit(f"config error: {exc}")
   except DataError as exc:
     sys.exit(f"data error: {exc}")
   report = curate_lib.write_outputs(
-      result, _OUT.value, _REJECTED.value or rejected_path(_OUT.value),
+      result, _OUT.value,
+      _REJECTED.value or tools_config.sibling_path(_OUT.value,
+                                                   ".rejected.jsonl"),
       _REPORT.value)
+  if journal is not None and journal.reused:
+    print(f"resumed: {journal.reused} chunks of model answers read back "
+          f"from {journal.path}", file=sys.stderr)
   print(json.dumps({k: report[k] for k in ("rows", "kept", "dropped",
                                            "dropped_by_reason")}))
   for warning in curate_lib.shift_warnings(report):

@@ -11,6 +11,8 @@ the reward (--config.reward.name) verifies are kept (all up to
 warmup.max_per_prompt, or the shortest) and written as SFT rows
 {prompt, response} that --config.sft.train_path of the main job reads. The
 report gives the acceptance rate overall and per tag, and examples.
+Finished chunks of prompts are journaled as they finish (--journal), so a
+killed run, rerun with the same command, samples only what is left.
 """
 
 import json
@@ -25,6 +27,12 @@ _IN = flags.DEFINE_string("in", None, "curated prompt set (JSONL)",
                           required=True)
 _OUT = flags.DEFINE_string("out", None, "SFT rows (JSONL)", required=True)
 _REPORT = flags.DEFINE_string("report", None, "report (JSON)", required=True)
+_JOURNAL = flags.DEFINE_string(
+    "journal", None, "finished chunks of sampled, verified responses "
+    "(JSONL; default: OUT with .journal.jsonl): a rerun of a killed run "
+    "samples only the chunks left (--config.warmup.chunk_prompts per chunk)")
+_PROGRESS = flags.DEFINE_bool("progress", True,
+                              "a progress bar on stderr")
 
 
 def main(argv):
@@ -42,12 +50,20 @@ def main(argv):
     source = records.load_prompt_source(flags.FLAGS["in"].value, fields)
     reward = tools_config.make_reward(config)
     policy = tools_config.load_policy(tools_config.policy_config(config))
+    journal = tools_config.model_journal(
+        _JOURNAL.value or tools_config.sibling_path(_OUT.value,
+                                                    ".journal.jsonl"),
+        policy, config)
     result = warmup.rejection_sample(list(source), cfg, policy=policy,
-                                     reward=reward)
+                                     reward=reward, journal=journal,
+                                     progress=_PROGRESS.value)
   except ConfigError as exc:
     sys.exit(f"config error: {exc}")
   except DataError as exc:
     sys.exit(f"data error: {exc}")
+  if journal.reused:
+    print(f"resumed: {journal.reused} chunks of responses read back from "
+          f"{journal.path}", file=sys.stderr)
   curate_lib.write_jsonl(_OUT.value, result.rows)
   report = dict(result.report(), input=flags.FLAGS["in"].value,
                 output=_OUT.value)

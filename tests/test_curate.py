@@ -32,9 +32,10 @@ class TablePolicy:
     return "too long" if len(prompt) > self.too_long else None
 
   def sample(self, prompts, n, *, temperature, max_new_tokens, seed,
-             response_prefix=""):
+             response_prefix="", first_index=0):
     self.calls.append(dict(prompts=list(prompts), n=n,
-                           temperature=temperature, prefix=response_prefix))
+                           temperature=temperature, prefix=response_prefix,
+                           first_index=first_index))
     return [[response_prefix + self.answer_for(p, j) for j in range(n)]
             for p in prompts]
 
@@ -551,6 +552,101 @@ def test_pass_rate_asks_through_the_pass_template(tmp_path):
                                           for r in rows]
   with pytest.raises(ValueError, match="pass_template"):
     C.CurateConfig(pass_template="no placeholder")
+
+
+class Killed(Exception):
+  pass
+
+
+def test_a_killed_curation_resumes_from_its_journal(tmp_path):
+  # 12 prompts in chunks of 5: the easy-to-hack step asks 5 + 5 + 2 and
+  # drops 3, the pass-rate step asks 5 + 4. The first run is killed in its
+  # fourth model call (the pass-rate step's first chunk); the rerun asks
+  # only for the pass-rate chunks, and its output equals an uninterrupted
+  # run's.
+  rows, path = _gym(tmp_path, size=12)
+  answers = {r["prompt"]: r["answer"] for r in rows}
+  good = {r["prompt"]: i % 4 for i, r in enumerate(rows)}
+
+  def answer_for(prompt, j):
+    plain = prompt.split("\n\nGive only")[0]
+    if plain != prompt:  # a no-CoT guess (after the "<answer>" prefix)
+      key = [r["prompt"] for r in rows if r["question"] == plain][0]
+      ok = good[key] == 0 and j == 0
+      return f"{answers[key] if ok else 'x'}</answer>"
+    return f"<answer>{answers[prompt] if j < good[prompt] else 'x'}</answer>"
+
+  class Dies(TablePolicy):
+    def __init__(self, answer_for, calls_before_kill):
+      super().__init__(answer_for)
+      self.left = calls_before_kill
+
+    def sample(self, prompts, n, **kw):
+      if self.left == 0:
+        raise Killed()
+      self.left -= 1
+      return super().sample(prompts, n, **kw)
+
+  cfg = C.CurateConfig(chunk_prompts=5, hack_template="{question}\n\n"
+                       "Give only the answer.", pass_samples=4)
+  journal = str(tmp_path / "journal.jsonl")
+  with pytest.raises(Killed):
+    C.curate(path, cfg, policy=Dies(answer_for, 3), reward=exact_answer,
+             journal=C.journal_lib.Journal(journal))
+  with open(journal, "a") as f:
+    f.write('{"digest": "torn')  # a write cut short by the kill
+  again = TablePolicy(answer_for)
+  resumed = C.curate(path, cfg, policy=again, reward=exact_answer,
+                     journal=C.journal_lib.Journal(journal))
+  assert [c["first_index"] for c in again.calls] == [0, 5]
+  assert [len(c["prompts"]) for c in again.calls] == [5, 4]
+  assert [c["n"] for c in again.calls] == [4, 4]
+  whole = TablePolicy(answer_for)
+  plain = C.curate(path, cfg, policy=whole, reward=exact_answer)
+  assert len(whole.calls) == 5
+  assert [(r.line, r.added) for r in resumed.kept] == [
+      (r.line, r.added) for r in plain.kept]
+  assert [(d.row.line, d.reason) for d in resumed.dropped] == [
+      (d.row.line, d.reason) for d in plain.dropped]
+  assert len(plain.kept) == 9 and len(plain.dropped) == 3
+  # A third run finds every chunk; other settings find none.
+  third = TablePolicy(answer_for)
+  C.curate(path, cfg, policy=third, reward=exact_answer,
+           journal=C.journal_lib.Journal(journal))
+  assert third.calls == []
+  fresh = TablePolicy(answer_for)
+  C.curate(path, dataclasses.replace(cfg, pass_samples=3), policy=fresh,
+           reward=exact_answer, journal=C.journal_lib.Journal(journal))
+  assert [c["n"] for c in fresh.calls] == [3, 3]
+
+
+def test_map_chunks_journal_by_hand(tmp_path):
+  from kimi_jax.data.journal import Journal, map_chunks
+  seen = []
+
+  def double(chunk, start):
+    seen.append((start, list(chunk)))
+    return [2 * x for x in chunk]
+
+  path = str(tmp_path / "j.jsonl")
+  items = [1, 2, 3, 4, 5]
+  out = map_chunks(items, items, double, chunk=2, journal=Journal(path),
+                   key="k")
+  assert out == [2, 4, 6, 8, 10]
+  assert seen == [(0, [1, 2]), (2, [3, 4]), (4, [5])]
+  assert len(open(path).read().splitlines()) == 3
+  seen.clear()
+  journal = Journal(path)
+  assert map_chunks(items, items, double, chunk=2, journal=journal,
+                    key="k") == out
+  assert seen == [] and journal.reused == 3
+  # Another key, chunking or item is another digest.
+  map_chunks(items, items, double, chunk=2, journal=Journal(path), key="x")
+  map_chunks([1, 2, 9], [1, 2, 9], double, chunk=2, journal=Journal(path),
+             key="k")
+  assert [s for s, _ in seen] == [0, 2, 4, 2]
+  with pytest.raises(ValueError, match="returned 1 results for 2 items"):
+    map_chunks(items, items, lambda c, s: [0], chunk=2)
 
 
 def test_easy_to_hack_drops_what_a_constant_guesser_solves(tmp_path):

@@ -55,8 +55,10 @@ import numpy as np
 
 from kimi_jax.data import answer_shift as shift_lib
 from kimi_jax.data import dedup as dedup_lib
+from kimi_jax.data import journal as journal_lib
 from kimi_jax.data import question_format, tagging
 from kimi_jax.data import records as records_lib
+from kimi_jax.data.journal import ModelCalls
 from kimi_jax.data.policy import Policy
 from kimi_jax.data.records import DataError, PromptFields, RowError
 from kimi_jax.rewards.base import RewardFn, score_all
@@ -136,6 +138,9 @@ class CurateConfig:
   # The answer-shift check (answer_shift.py; ours): an answer at least
   # min_share of a tag's input rows but under keep_ratio times that share of
   # its kept rows is reported, for tags of at least min_rows input rows.
+  # Prompts per model call in the model steps; each finished chunk is kept
+  # in the journal, so a killed run resumes there (ours).
+  chunk_prompts: int = 256
   answer_shift: bool = True
   answer_shift_min_share: float = 0.25
   answer_shift_keep_ratio: float = 0.25
@@ -150,6 +155,8 @@ class CurateConfig:
                 "pass_max_tokens"):
       if getattr(self, key) < 1:
         raise ValueError(f"curate.{key} must be >= 1")
+    if self.chunk_prompts < 1:
+      raise ValueError("curate.chunk_prompts must be >= 1")
     if self.max_per_tag < 0:
       raise ValueError("curate.max_per_tag must be >= 0 (0: no cap)")
     edges = list(self.difficulty_edges)
@@ -435,33 +442,41 @@ def _fits(rows: Sequence[Row], policy: Policy, prompts: Sequence[str],
 def correct_counts(policy: Policy, reward: RewardFn,
                    records: Sequence[Mapping[str, Any]],
                    prompts: Sequence[str], n: int, *, temperature: float,
-                   max_new_tokens: int, seed: int, response_prefix: str = ""
+                   max_new_tokens: int, seed: int, response_prefix: str = "",
+                   calls: ModelCalls = ModelCalls(), step: str = ""
                    ) -> list[int]:
   """Verified-correct responses out of n, per prompt."""
-  if not records:
-    return []
-  texts = policy.sample(prompts, n, temperature=temperature,
-                        max_new_tokens=max_new_tokens, seed=seed,
-                        response_prefix=response_prefix)
-  flat_records = [r for r, t in zip(records, texts) for _ in t]
-  flat_texts = [x for t in texts for x in t]
-  scored = score_all(reward, flat_records, flat_texts)
-  out, k = [], 0
-  for t in texts:
-    out.append(sum(s.correct for s in scored[k:k + len(t)]))
-    k += len(t)
-  return out
+
+  def count(chunk: Sequence[tuple[Mapping[str, Any], str]], start: int
+            ) -> list[int]:
+    texts = policy.sample([p for _, p in chunk], n, temperature=temperature,
+                          max_new_tokens=max_new_tokens, seed=seed,
+                          response_prefix=response_prefix, first_index=start)
+    flat_records = [r for (r, _), t in zip(chunk, texts) for _ in t]
+    scored = score_all(reward, flat_records, [x for t in texts for x in t])
+    out, k = [], 0
+    for t in texts:
+      out.append(sum(s.correct for s in scored[k:k + len(t)]))
+      k += len(t)
+    return out
+
+  items = list(zip(records, prompts))
+  settings = dict(step=step, n=n, temperature=temperature,
+                  max_new_tokens=max_new_tokens, seed=seed,
+                  response_prefix=response_prefix)
+  return calls.map(items, items, count, key=settings, desc=step)
 
 
 def easy_to_hack_step(rows: Sequence[Row], cfg: CurateConfig,
-                      policy: Policy, reward: RewardFn):
+                      policy: Policy, reward: RewardFn, calls: ModelCalls):
   prompts = [cfg.hack_template.format(question=question_text(r.record, cfg))
              for r in rows]
   rows, prompts, dropped = _fits(rows, policy, prompts, "easy_to_hack")
   counts = correct_counts(
       policy, reward, [r.record for r in rows], prompts, cfg.hack_guesses,
       temperature=cfg.hack_temperature, max_new_tokens=cfg.hack_max_tokens,
-      seed=cfg.seed, response_prefix=cfg.hack_response_prefix)
+      seed=cfg.seed, response_prefix=cfg.hack_response_prefix, calls=calls,
+      step="easy_to_hack")
   kept = []
   for row, c in zip(rows, counts):
     if c > 0:
@@ -482,14 +497,14 @@ def difficulty_bucket(pass_rate: float, edges: Sequence[float]) -> int:
 
 
 def pass_rate_step(rows: Sequence[Row], cfg: CurateConfig, policy: Policy,
-                   reward: RewardFn):
+                   reward: RewardFn, calls: ModelCalls):
   prompts = [cfg.pass_template.format(prompt=r.record["prompt"])
              for r in rows]
   rows, prompts, dropped = _fits(rows, policy, prompts, "pass_rate")
   counts = correct_counts(
       policy, reward, [r.record for r in rows], prompts, cfg.pass_samples,
       temperature=cfg.pass_temperature, max_new_tokens=cfg.pass_max_tokens,
-      seed=cfg.seed + 1)
+      seed=cfg.seed + 1, calls=calls, step="pass_rate")
   kept, rates = [], []
   for row, c in zip(rows, counts):
     rate = c / cfg.pass_samples
@@ -568,9 +583,13 @@ def difficulty_balance_step(rows: Sequence[Row], cfg: CurateConfig):
 
 def curate(path: str, cfg: CurateConfig, *, policy: Policy | None = None,
            reward: RewardFn | None = None,
-           held_out: Sequence[Mapping[str, Any]] = ()) -> CurateResult:
+           held_out: Sequence[Mapping[str, Any]] = (),
+           journal: journal_lib.Journal | None = None,
+           progress: bool = False) -> CurateResult:
   """Runs every enabled step on the JSONL prompt set at `path`; `held_out`:
-  evaluation records whose problems the dedup step keeps out."""
+  evaluation records whose problems the dedup step keeps out; `journal`:
+  where the model steps keep finished chunks (a rerun after a kill asks
+  the model only for the rest)."""
   if cfg.needs_model and (policy is None or reward is None):
     raise ValueError("curate: the easy_to_hack and pass_rate steps need a "
                      "policy and a reward (or switch them off)")
@@ -600,8 +619,10 @@ def curate(path: str, cfg: CurateConfig, *, policy: Policy | None = None,
   tagger, fitted = (build_tagger(rows, cfg) if cfg.tags
                     else (tagging.make_tagger("record"), {}))
   run("tags", cfg.tags, tags_step, tagger, fitted)
-  run("easy_to_hack", cfg.easy_to_hack, easy_to_hack_step, policy, reward)
-  run("pass_rate", cfg.pass_rate, pass_rate_step, policy, reward)
+  calls = ModelCalls(cfg.chunk_prompts, journal, progress)
+  run("easy_to_hack", cfg.easy_to_hack, easy_to_hack_step, policy, reward,
+      calls)
+  run("pass_rate", cfg.pass_rate, pass_rate_step, policy, reward, calls)
   run("tag_cap", cfg.tags and cfg.max_per_tag > 0, tag_cap_step)
   run("difficulty_balance", cfg.pass_rate and bool(cfg.bucket_shares),
       difficulty_balance_step)

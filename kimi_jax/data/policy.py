@@ -16,6 +16,7 @@ an immediate answer with no chain of thought, for any model.
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 from typing import Any, Callable, Protocol, Sequence
 
@@ -32,9 +33,11 @@ class Policy(Protocol):
     ...
 
   def sample(self, prompts: Sequence[str], n: int, *, temperature: float,
-             max_new_tokens: int, seed: int, response_prefix: str = ""
-             ) -> list[list[str]]:
-    """n response texts per prompt (each starting with response_prefix)."""
+             max_new_tokens: int, seed: int, response_prefix: str = "",
+             first_index: int = 0) -> list[list[str]]:
+    """n response texts per prompt (each starting with response_prefix);
+    prompt i's draws are seeded as prompt first_index + i's, so a list
+    asked in chunks gets the draws of the whole list asked at once."""
     ...
 
 
@@ -47,6 +50,9 @@ class SamplerPolicy:
   tokenizer: Any
   encode_prompt: Callable[[str], list[int]]
   top_p: float = 1.0
+  # Which weights answer (run and checkpoint step, or checkpoint
+  # directory): part of what a data tool's journal keys results by.
+  identity: str = ""
 
   def _room(self, prompt_ids: Sequence[int], prefix_ids: Sequence[int]
             ) -> int:
@@ -67,8 +73,8 @@ class SamplerPolicy:
     return None
 
   def sample(self, prompts: Sequence[str], n: int, *, temperature: float,
-             max_new_tokens: int, seed: int, response_prefix: str = ""
-             ) -> list[list[str]]:
+             max_new_tokens: int, seed: int, response_prefix: str = "",
+             first_index: int = 0) -> list[list[str]]:
     try:
       prefix = tuple(self.tokenizer.encode(response_prefix)
                      ) if response_prefix else ()
@@ -92,7 +98,7 @@ class SamplerPolicy:
             stop_tokens=stop, sampling=SamplingParams(
                 temperature=temperature, top_p=self.top_p,
                 greedy=temperature == 0,
-                seed=rollout.request_seed(seed, i, j))))
+                seed=rollout.request_seed(seed, first_index + i, j))))
     results, _ = self.sampler.generate(self.params, requests)
     out: list[list[str]] = [[] for _ in prompts]
     for request, result in zip(requests, results):
@@ -152,16 +158,20 @@ def load_policy(*, workdir: str = "", config: Any = None,
                           int(config.seed)).tokenizer
   if workdir:
     # restore_params reads only the model section of the run's config.
-    params, _ = workdir_lib.restore_params(
+    params, step = workdir_lib.restore_params(
         workdir, types.SimpleNamespace(model=model), engine.param_shardings,
         step)
+    identity = f"run {os.path.abspath(workdir)} step {step}"
   elif hf_dir:
     from kimi_jax.model import hf
     _, params = hf.load_hf_checkpoint(hf_dir, sharder=sharder,
                                       param_dtype=model.param_dtype)
+    identity = f"hf {os.path.abspath(hf_dir)}"
   else:
     params = transformer.init_sharded(model, int(config.seed), sharder)
+    identity = f"random init seed {int(config.seed)} of {model}"
   params, _ = handoff.place_params(params, engine.param_shardings)
   sampler = Sampler(engine, repeat=sampler_cfg.repeat,
                     steps_per_call=sampler_cfg.steps_per_call)
-  return SamplerPolicy(sampler, params, tok, _encoder(config, tok), top_p)
+  return SamplerPolicy(sampler, params, tok, _encoder(config, tok), top_p,
+                       identity)

@@ -69,3 +69,19 @@ def curate_config(config: ml_collections.ConfigDict) -> CurateConfig:
 
 def warmup_config(config: ml_collections.ConfigDict) -> WarmupConfig:
   return to_dataclass(WarmupConfig, config.warmup, "warmup")
+
+
+def sibling_path(out: str, suffix: str) -> str:
+  """OUT.jsonl -> OUT<suffix> (e.g. ".rejected.jsonl")."""
+  stem = out[:-len(".jsonl")] if out.endswith(".jsonl") else out
+  return stem + suffix
+
+
+def model_journal(path: str, policy: Any, config: ml_collections.ConfigDict):
+  """The journal of a data tool's model calls at `path`: results are keyed
+  by the weights that answered and the reward that verified them, so a
+  rerun with another checkpoint or verifier reuses nothing."""
+  from kimi_jax.data.journal import Journal
+  return Journal(path, context={
+      "policy": getattr(policy, "identity", ""),
+      "reward": config.reward.to_dict()})

@@ -20,6 +20,7 @@ import collections
 import dataclasses
 from typing import Any, Mapping, Sequence
 
+from kimi_jax.data import journal as journal_lib
 from kimi_jax.data.policy import Policy
 from kimi_jax.rewards.base import RewardFn, score_all
 
@@ -48,6 +49,9 @@ class WarmupConfig:
   prompt_field: str = "prompt"
   tags_field: str = "tags"
   seed: int = 0
+  # Prompts per model call; each finished chunk is kept in the journal, so
+  # a killed run resumes there (ours).
+  chunk_prompts: int = 256
 
   def __post_init__(self):
     if "{prompt}" not in self.template:
@@ -55,10 +59,10 @@ class WarmupConfig:
     if self.keep not in KEEP:
       raise ValueError(f"warmup.keep must be one of {KEEP}, got "
                        f"{self.keep!r}")
-    if self.samples < 1 or self.max_per_prompt < 1 or \
-        self.max_new_tokens < 1:
-      raise ValueError("warmup.samples, max_per_prompt and max_new_tokens "
-                       "must be >= 1")
+    if min(self.samples, self.max_per_prompt, self.max_new_tokens,
+           self.chunk_prompts) < 1:
+      raise ValueError("warmup.samples, max_per_prompt, max_new_tokens and "
+                       "chunk_prompts must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +106,12 @@ def select(responses: Sequence[str], correct: Sequence[bool],
 
 
 def rejection_sample(records: Sequence[Mapping[str, Any]], cfg: WarmupConfig,
-                     *, policy: Policy, reward: RewardFn) -> WarmupResult:
+                     *, policy: Policy, reward: RewardFn,
+                     journal: journal_lib.Journal | None = None,
+                     progress: bool = False) -> WarmupResult:
   """K templated responses per record, verified; correct ones become SFT
-  rows (plain prompt + response)."""
+  rows (plain prompt + response). `journal` keeps finished chunks of
+  prompts (a rerun after a kill samples only the rest)."""
   runnable, skipped, prompts = [], [], []
   for record in records:
     prompt = cfg.template.format(prompt=record["prompt"])
@@ -114,15 +121,31 @@ def rejection_sample(records: Sequence[Mapping[str, Any]], cfg: WarmupConfig,
       prompts.append(prompt)
     else:
       skipped.append((record, problem))
-  texts = policy.sample(prompts, cfg.samples, temperature=cfg.temperature,
-                        max_new_tokens=cfg.max_new_tokens,
-                        seed=cfg.seed) if prompts else []
-  flat_records = [r for r, t in zip(runnable, texts) for _ in t]
-  scored = score_all(reward, flat_records, [x for t in texts for x in t])
-  rows, samples, k = [], [], 0
-  for record, responses in zip(runnable, texts):
-    correct = [s.correct for s in scored[k:k + len(responses)]]
-    k += len(responses)
+
+  def verified(chunk: Sequence[tuple[Mapping[str, Any], str]], start: int
+               ) -> list[tuple[list[str], list[bool]]]:
+    texts = policy.sample([p for _, p in chunk], cfg.samples,
+                          temperature=cfg.temperature,
+                          max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                          first_index=start)
+    flat_records = [r for (r, _), t in zip(chunk, texts) for _ in t]
+    scored = score_all(reward, flat_records, [x for t in texts for x in t])
+    out, k = [], 0
+    for t in texts:
+      out.append((t, [s.correct for s in scored[k:k + len(t)]]))
+      k += len(t)
+    return out
+
+  items = list(zip(runnable, prompts))
+  settings = dict(step="warmup", samples=cfg.samples,
+                  temperature=cfg.temperature,
+                  max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+  calls = journal_lib.ModelCalls(cfg.chunk_prompts, journal, progress)
+  answers = calls.map(items, items, verified, key=settings,
+                      desc="warm-up")
+  rows, samples = [], []
+  for record, (responses, correct) in zip(runnable, answers):
+    responses, correct = list(responses), [bool(c) for c in correct]
     samples.append((record, responses, correct))
     for j, response in enumerate(select(responses, correct, cfg)):
       rows.append({"id": f"{record.get('id', '?')}#warmup{j}",

@@ -1,0 +1,122 @@
+"""Resumable model calls for the data tools (curation, rejection sampling).
+
+Asking a policy for 10 answers to each of 100k prompts takes hours; a run
+killed at 90% must not start over. `map_chunks` cuts the work into chunks
+of prompts, and a `Journal` appends each finished chunk's results to a
+JSONL file as soon as they exist (flushed and fsynced). A rerun with the
+same inputs finds them there and asks the model only for the chunks that
+are missing, so the results are those of an uninterrupted run.
+
+A chunk is found by a digest of everything its results depend on: the
+journal's `context` (which policy and checkpoint, which reward), the step
+and its settings (`key`), the chunk's first index (sampling seeds are keyed
+by prompt index) and each item's own key (its prompt text and answer). Any
+change to them is a different digest, so a stale result is never reused; it
+is simply not looked up. A torn last line (killed mid-write) is ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Any, Callable, Sequence
+
+from kimi_jax import console
+
+
+class Journal:
+  """Finished chunks, by digest; `path=None` keeps them in memory only."""
+
+  def __init__(self, path: str | None, context: Any = ""):
+    self.path = path
+    self.context = context
+    self.reused = 0  # chunks found here rather than computed
+    self._done: dict[str, Any] = {}
+    self._torn = False
+    if path and os.path.exists(path):
+      line = ""
+      with open(path) as f:
+        for line in f:
+          try:
+            entry = json.loads(line)
+            self._done[entry["digest"]] = entry["value"]
+          except (json.JSONDecodeError, KeyError, TypeError):
+            continue  # a torn last line
+      # The next entry must not be glued onto a line cut short by a kill.
+      self._torn = bool(line) and not line.endswith("\n")
+
+  def digest(self, *parts: Any) -> str:
+    text = json.dumps([self.context, *parts], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+  def get(self, digest: str) -> Any:
+    return self._done.get(digest)
+
+  def __contains__(self, digest: str) -> bool:
+    return digest in self._done
+
+  def put(self, digest: str, value: Any) -> None:
+    self._done[digest] = value
+    if not self.path:
+      return
+    os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+    with open(self.path, "a") as f:
+      if self._torn:
+        f.write("\n")
+        self._torn = False
+      f.write(json.dumps({"digest": digest, "value": value}) + "\n")
+      f.flush()
+      os.fsync(f.fileno())
+
+
+def map_chunks(items: Sequence[Any], item_keys: Sequence[Any],
+               fn: Callable[[Sequence[Any], int], list], *, chunk: int,
+               journal: Journal | None = None, key: Any = "",
+               desc: str = "", progress: bool = False) -> list:
+  """`fn(items[s:s + chunk], s)` for each chunk start s, concatenated (one
+  JSON-serialisable result per item); chunks the journal holds are not
+  recomputed, and each computed one is journaled before the next starts."""
+  if len(items) != len(item_keys):
+    raise ValueError("map_chunks: one key per item")
+  if chunk < 1:
+    raise ValueError(f"map_chunks: chunk must be >= 1, got {chunk}")
+  journal = journal if journal is not None else Journal(None)
+  starts = range(0, len(items), chunk)
+  digests = [journal.digest(key, s, list(item_keys[s:s + chunk]))
+             for s in starts]
+  out: list = []
+  bar = console.progress(zip(starts, digests), len(digests), desc,
+                         progress and len(digests) > 1)
+  for start, digest in bar:
+    if digest in journal:
+      journal.reused += 1
+      out.extend(journal.get(digest))
+      continue
+    part = list(fn(items[start:start + chunk], start))
+    if len(part) != len(items[start:start + chunk]):
+      raise ValueError(f"map_chunks: {desc or 'fn'} returned {len(part)} "
+                       f"results for {len(items[start:start + chunk])} items")
+    journal.put(digest, part)
+    out.extend(part)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCalls:
+  """How a data tool's model step asks the policy: `chunk` prompts per
+  call (0: all at once), each finished chunk kept in `journal`, with a
+  progress bar or not."""
+
+  chunk: int = 0
+  journal: Journal | None = None
+  progress: bool = False
+
+  def map(self, items: Sequence[Any], item_keys: Sequence[Any],
+          fn: Callable[[Sequence[Any], int], list], *, key: Any,
+          desc: str) -> list:
+    return map_chunks(items, item_keys, fn,
+                      chunk=self.chunk or max(len(items), 1),
+                      journal=self.journal, key=key, desc=desc,
+                      progress=self.progress)
