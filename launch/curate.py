@@ -31,6 +31,7 @@ import sys
 from absl import app, flags
 
 from kimi_jax.config import define_config_flag, parse_flags
+from kimi_jax.data import journal as journal_lib
 
 _CONFIG = define_config_flag()
 _IN = flags.DEFINE_string("in", None, "raw prompt set (JSONL)", required=True)
@@ -44,12 +45,7 @@ _HELD_OUT = flags.DEFINE_multi_string(
 _REJECTED = flags.DEFINE_string(
     "rejected", None, "dropped rows with reasons (JSONL; default: OUT with "
     ".rejected.jsonl)")
-_JOURNAL = flags.DEFINE_string(
-    "journal", None, "the model steps' finished chunks (JSONL; default: OUT "
-    "with .journal.jsonl): a rerun of a killed run asks the model only for "
-    "the chunks left (--config.curate.chunk_prompts per chunk)")
-_PROGRESS = flags.DEFINE_bool("progress", True,
-                              "progress bars of the model steps on stderr")
+_JOURNAL, _PROGRESS = journal_lib.define_flags("curate")
 
 
 def main(argv):

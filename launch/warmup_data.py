@@ -21,18 +21,14 @@ import sys
 from absl import app, flags
 
 from kimi_jax.config import define_config_flag, parse_flags
+from kimi_jax.data import journal as journal_lib
 
 _CONFIG = define_config_flag()
 _IN = flags.DEFINE_string("in", None, "curated prompt set (JSONL)",
                           required=True)
 _OUT = flags.DEFINE_string("out", None, "SFT rows (JSONL)", required=True)
 _REPORT = flags.DEFINE_string("report", None, "report (JSON)", required=True)
-_JOURNAL = flags.DEFINE_string(
-    "journal", None, "finished chunks of sampled, verified responses "
-    "(JSONL; default: OUT with .journal.jsonl): a rerun of a killed run "
-    "samples only the chunks left (--config.warmup.chunk_prompts per chunk)")
-_PROGRESS = flags.DEFINE_bool("progress", True,
-                              "a progress bar on stderr")
+_JOURNAL, _PROGRESS = journal_lib.define_flags("warmup")
 
 
 def main(argv):

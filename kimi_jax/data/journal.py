@@ -23,7 +23,10 @@ import json
 import os
 from typing import Any, Callable, Sequence
 
-from kimi_jax import console
+from absl import flags
+
+# Flags defined by define_flags belong to the launcher that calls it.
+flags.disclaim_key_flags()
 
 
 class Journal:
@@ -82,6 +85,7 @@ def map_chunks(items: Sequence[Any], item_keys: Sequence[Any],
     raise ValueError("map_chunks: one key per item")
   if chunk < 1:
     raise ValueError(f"map_chunks: chunk must be >= 1, got {chunk}")
+  from kimi_jax import console
   journal = journal if journal is not None else Journal(None)
   starts = range(0, len(items), chunk)
   digests = [journal.digest(key, s, list(item_keys[s:s + chunk]))
@@ -120,3 +124,17 @@ class ModelCalls:
                       chunk=self.chunk or max(len(items), 1),
                       journal=self.journal, key=key, desc=desc,
                       progress=self.progress)
+
+
+def define_flags(section: str):
+  """The --journal and --progress flags of a data tool whose chunk size is
+  --config.<section>.chunk_prompts (listed in the tool's --help: this
+  module disclaims the flags it defines)."""
+  journal = flags.DEFINE_string(
+      "journal", None, "finished chunks of the model's answers (JSONL; "
+      "default: OUT with .journal.jsonl): a rerun of a killed run asks the "
+      f"model only for the chunks left (--config.{section}.chunk_prompts "
+      "prompts per chunk)")
+  progress = flags.DEFINE_bool("progress", True,
+                               "progress bars of the model calls on stderr")
+  return journal, progress
