@@ -41,23 +41,11 @@ class MentionsC1:
 
 
 def test_pass_rates_equal_the_evaluators_pass_at_1(tmp_path):
-  from kimi_jax.config import load_config
   from kimi_jax.data.policy import SamplerPolicy
   from kimi_jax.data.tasks import Task
-  from kimi_jax.experiment import parse_config
-  from kimi_jax.model import transformer
   from kimi_jax.rl.evaluation import Evaluator
-  from kimi_jax.sampler.driver import Sampler
-  from kimi_jax.sampler.engine import Engine
-  from kimi_jax.sharding import Sharder, make_mesh
-  import jax
-  cfg = parse_config(load_config("experiments/tiny.py:micro"),
-                     jax.device_count())
-  sharder = Sharder(make_mesh(cfg.mesh), cfg.rules)
-  engine = Engine(cfg.model, cfg.sampler.engine, sharder=sharder)
-  sampler = Sampler(engine, repeat=cfg.sampler.repeat,
-                    steps_per_call=cfg.sampler.steps_per_call)
-  params = transformer.init_sharded(cfg.model, 3, sharder)
+  from tests.tiny_sampler import tiny_micro_sampler
+  cfg, sampler, params = tiny_micro_sampler(3)
   _, held = pointer_chase.make_problems(cfg.task, cfg.seed)
   held = [dict(r, tags=[f"n{r['n']}"]) for r in held]
   tok = pointer_chase.tokenizer()

@@ -474,3 +474,49 @@ def test_rm_tiny_micro_study_end_to_end(tmp_path):
     assert summary["arms"][arm]["warm_pass_at_1"] == \
         summary["arms"]["pointer_chase"]["warm_pass_at_1"]
   assert json.load(open(tmp_path / "rm_study.json"))["arms"]
+
+
+def test_labelling_in_journaled_chunks_equals_one_call(tmp_path):
+  """sample_and_label on the real sampler: chunks of 3 records give the
+  one-call examples, and a rerun with the journal samples nothing."""
+  from kimi_jax.data.journal import Journal, ModelCalls
+  from tests.tiny_sampler import tiny_micro_sampler
+  cfg, sampler, params = tiny_micro_sampler(5)
+  train, _ = pointer_chase.make_problems(cfg.task, cfg.seed)
+  records = train[:8]
+  tok = pointer_chase.tokenizer()
+  calls = []
+
+  class Counting:
+    engine = sampler.engine
+
+    def generate(self, params, requests):
+      calls.append(len(requests))
+      return sampler.generate(params, requests)
+
+  def label(calls_cfg=ModelCalls()):
+    return labelled.sample_and_label(
+        sampler=Counting(), sampler_params=params, records=records,
+        encode_prompt=lambda r: [tok.bos_id] + tok.encode(r["prompt"]),
+        tokenizer=tok, verifier=make_reward("pointer_chase"), samples=3,
+        max_response_len=cfg.rl.max_response_len,
+        settings=cfg.sampler.sampling, seed=7, calls=calls_cfg)
+
+  whole = label()
+  assert calls == [24]
+  path = str(tmp_path / "journal.jsonl")
+  chunked = label(ModelCalls(3, Journal(path, context="p")))
+  assert calls[1:] == [9, 9, 6]
+  assert chunked == whole
+  verifier = make_reward("pointer_chase")
+  by_id = {r["id"]: r for r in records}
+  assert [e.id for e in whole] == [f"{r['id']}/{j}" for r in records
+                                   for j in range(3)]
+  assert [e.label for e in whole] == [
+      verifier(by_id[e.record_id], e.response).correct for e in whole]
+  journal = Journal(path, context="p")
+  assert label(ModelCalls(3, journal)) == whole
+  assert calls[4:] == [] and journal.reused == 3
+  # Another policy (context) samples again.
+  label(ModelCalls(3, Journal(path, context="other")))
+  assert calls[4:] == [9, 9, 6]

@@ -21,6 +21,7 @@ import json
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
+from kimi_jax.data.journal import ModelCalls
 from kimi_jax.rewards.base import RewardFn, RewardResult, score_all
 from kimi_jax.rl import rollout
 from kimi_jax.sampler.config import SamplingSettings
@@ -119,29 +120,44 @@ def sample_and_label(*, sampler: Sampler, sampler_params: Any,
                      records: Sequence[Mapping[str, Any]],
                      encode_prompt, tokenizer: Any, verifier: RewardFn,
                      samples: int, max_response_len: int,
-                     settings: SamplingSettings, seed: int
+                     settings: SamplingSettings, seed: int,
+                     calls: ModelCalls = ModelCalls()
                      ) -> list[LabelledExample]:
   """`samples` responses per record from the policy, labelled by
   `verifier`. Seeds depend only on (seed, record index, sample), so the
-  same call gives the same data."""
+  same call gives the same data, asked in one call or in `calls.chunk`
+  records at a time (each finished chunk kept in `calls.journal`)."""
   stop = rollout.stop_tokens(tokenizer)
-  requests = []
-  for i, record in enumerate(records):
-    prompt = tuple(encode_prompt(record))
-    for j in range(samples):
-      requests.append(SampleRequest(
-          id=(i, j), prompt=prompt, max_new_tokens=max_response_len,
-          stop_tokens=stop,
-          sampling=SamplingParams(
-              temperature=settings.temperature, top_k=settings.top_k,
-              top_p=settings.top_p,
-              seed=rollout.request_seed(seed, i, j))))
-  results, _ = sampler.generate(sampler_params, requests)
-  texts = [rollout.response_text(r.tokens, tokenizer) for r in results]
-  recs = [records[r.id[0]] for r in results]
-  scored = score_all(verifier, recs, texts)
-  return [LabelledExample(
-      id=f"{rec['id']}/{r.id[1]}", record_id=str(rec["id"]),
-      question=str(rec["prompt"]), reference=str(rec["answer"]),
-      response=text, label=bool(s.correct), extracted=extracted_answer(s))
-          for r, rec, text, s in zip(results, recs, texts, scored)]
+
+  def label(chunk: Sequence[Mapping[str, Any]], start: int
+            ) -> list[list[dict[str, Any]]]:
+    requests = []
+    for i, record in enumerate(chunk, start):
+      prompt = tuple(encode_prompt(record))
+      for j in range(samples):
+        requests.append(SampleRequest(
+            id=(i, j), prompt=prompt, max_new_tokens=max_response_len,
+            stop_tokens=stop,
+            sampling=SamplingParams(
+                temperature=settings.temperature, top_k=settings.top_k,
+                top_p=settings.top_p,
+                seed=rollout.request_seed(seed, i, j))))
+    results, _ = sampler.generate(sampler_params, requests)
+    texts = [rollout.response_text(r.tokens, tokenizer) for r in results]
+    recs = [chunk[r.id[0] - start] for r in results]
+    scored = score_all(verifier, recs, texts)
+    out: list[list[dict[str, Any]]] = [[] for _ in chunk]
+    for r, rec, text, s in zip(results, recs, texts, scored):
+      out[r.id[0] - start].append(LabelledExample(
+          id=f"{rec['id']}/{r.id[1]}", record_id=str(rec["id"]),
+          question=str(rec["prompt"]), reference=str(rec["answer"]),
+          response=text, label=bool(s.correct),
+          extracted=extracted_answer(s)).to_json())
+    return out
+
+  key = dict(step="rm_label", samples=samples,
+             max_response_len=max_response_len,
+             settings=dataclasses.asdict(settings), seed=seed)
+  rows = calls.map(records, records, label, key=key, desc="label")
+  return [from_json(row, "the labelling journal") for per in rows
+          for row in per]

@@ -35,6 +35,7 @@ from kimi_jax import workdir as workdir_lib
 from kimi_jax.config import ConfigError, to_dataclass
 from kimi_jax.console import log
 from kimi_jax.data import tasks as tasks_lib
+from kimi_jax.data.journal import Journal, ModelCalls
 from kimi_jax.experiment import ExperimentConfig, parse_config
 from kimi_jax.files import write_json
 from kimi_jax.model import transformer
@@ -50,6 +51,8 @@ from kimi_jax.sampler.engine import Engine, EngineConfig
 from kimi_jax.sharding import Sharder, make_mesh
 
 MODELS = ("value", "cot")
+# Prompts per sampling call when labelling (each finished chunk journaled).
+LABEL_CHUNK = 256
 EVAL_FILE = "rm_eval.json"
 
 
@@ -219,6 +222,10 @@ class Trainer:
         ("train", self.task.train, d.train_prompts, cfg.seed),
         ("eval", self.task.eval, d.eval_prompts, cfg.seed + 1)):
       t0 = time.perf_counter()
+      # Finished chunks survive a kill: a rerun samples only the rest.
+      journal = Journal(
+          os.path.join(self.workdir, "labelled", f"{split}.journal.jsonl"),
+          context={"policy": self.policy, "task": cfg.task})
       examples = labelled.sample_and_label(
           sampler=sampler, sampler_params=params,
           records=_subset(records, n, seed),
@@ -226,7 +233,11 @@ class Trainer:
           tokenizer=self.task.tokenizer, verifier=self.task.reward,
           samples=d.samples_per_prompt,
           max_response_len=d.max_response_len or cfg.rl.max_response_len,
-          settings=settings, seed=seed)
+          settings=settings, seed=seed,
+          calls=ModelCalls(LABEL_CHUNK, journal, cfg.log.progress))
+      if journal.reused:
+        log(f"labelled {split}: {journal.reused} chunks read back from "
+            f"{journal.path}")
       labelled.save_jsonl(examples, os.path.join(self.workdir, "labelled",
                                                  f"{split}.jsonl"))
       log(f"labelled {split}: {len(examples)} responses, "
