@@ -483,6 +483,19 @@ def test_bucket_quota_by_hand(counts, shares, quota):
   assert C.bucket_quota(counts, shares) == quota
 
 
+@pytest.mark.parametrize("counts, shares, quota", [
+    # A bucket under 20 rows is kept whole and does not limit the others:
+    # 1:1:1 over 0 / 1 / 970 rows (measured) would otherwise keep 2.
+    ((0, 1, 970), (1, 1, 1), [0, 1, 970]),
+    ((1, 1, 967), (1, 1, 1), [1, 1, 967]),
+    ((30, 5, 60), (1, 1, 1), [30, 5, 30]),
+    ((30, 5, 60), (1, 0, 1), [30, 0, 30]),  # a 0 share still drops it
+    ((25, 20, 60), (1, 1, 1), [20, 20, 20]),  # 20 rows: in the proportion
+])
+def test_bucket_quota_keeps_small_buckets_whole(counts, shares, quota):
+  assert C.bucket_quota(counts, shares, min_rows=20) == quota
+
+
 def test_difficulty_balance_keeps_buckets_in_their_shares(tmp_path):
   rows, path = _gym(tmp_path, size=12)
   answers = {r["prompt"]: r["answer"] for r in rows}
@@ -494,7 +507,7 @@ def test_difficulty_balance_keeps_buckets_in_their_shares(tmp_path):
     return f"<answer>{answers[prompt] if good else 'x'}</answer>"
 
   def run(**changes):
-    cfg = C.CurateConfig(easy_to_hack=False, **changes)
+    cfg = C.CurateConfig(easy_to_hack=False, bucket_min_rows=1, **changes)
     return C.curate(path, cfg, policy=TablePolicy(answer_for),
                     reward=ReasoningGymReward())
 
@@ -520,6 +533,14 @@ def test_difficulty_balance_keeps_buckets_in_their_shares(tmp_path):
   assert len(set(map(tuple, picks.values()))) > 1
   # Off by default: all 12 kept.
   assert len(run().kept) == 12
+  # With the default bucket_min_rows (10) every bucket here is too small
+  # to balance: all kept whole.
+  whole = C.curate(path, C.CurateConfig(easy_to_hack=False,
+                                        bucket_shares=(1, 1, 1)),
+                   policy=TablePolicy(answer_for),
+                   reward=ReasoningGymReward())
+  assert len(whole.kept) == 12
+  assert whole.steps[-1].info["kept_whole"] == ["easy", "medium", "hard"]
 
 
 def test_bucket_shares_are_checked():
@@ -529,6 +550,8 @@ def test_bucket_shares_are_checked():
     C.CurateConfig(bucket_shares=(1, -1, 1))
   with pytest.raises(ValueError, match=r"bucket_shares needs 3 shares"):
     C.CurateConfig(bucket_shares=(0, 0, 0))
+  with pytest.raises(ValueError, match=r"bucket_min_rows must be >= 1"):
+    C.CurateConfig(bucket_shares=(1, 1, 1), bucket_min_rows=0)
   with pytest.raises(ValueError, match=r"turn curate.pass_rate on"):
     C.CurateConfig(bucket_shares=(1, 1, 1), pass_rate=False)
 

@@ -139,6 +139,7 @@ def test_gym_demo_through_the_launchers(tmp_path):
           f"--held_out={held}", f"--held_out={val}",
           "--config.curate.on_bad_row=reject",
           "--config.curate.bucket_shares=(1, 1, 1)",
+          "--config.curate.bucket_min_rows=1",
           "--config.curate.chunk_prompts=16", *policy)
   _run(*args)
   first = out.read_text()

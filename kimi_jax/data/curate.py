@@ -135,6 +135,9 @@ class CurateConfig:
   # empty: no balancing (ours; report 2.1 asks for "a well-distributed
   # range of easy, moderate, and difficult questions").
   bucket_shares: tuple[float, ...] = ()
+  # A bucket with fewer rows is kept whole and does not limit the others
+  # (ours: buckets of 0 / 1 / 970 prompts, measured, would keep 2).
+  bucket_min_rows: int = 10
   # The answer-shift check (answer_shift.py; ours): an answer at least
   # min_share of a tag's input rows but under keep_ratio times that share of
   # its kept rows is reported, for tags of at least min_rows input rows.
@@ -174,6 +177,8 @@ class CurateConfig:
           f"curate.bucket_shares needs {len(self.bucket_names)} shares >= 0 "
           f"(one per bucket of {tuple(self.bucket_names)}, not all 0), got "
           f"{self.bucket_shares}")
+    if self.bucket_min_rows < 1:
+      raise ValueError("curate.bucket_min_rows must be >= 1")
     if shares and not self.pass_rate:
       raise ValueError("curate.bucket_shares balances the buckets the "
                        "pass_rate step measures: turn curate.pass_rate on")
@@ -543,27 +548,29 @@ def tag_cap_step(rows: Sequence[Row], cfg: CurateConfig):
   return kept, dropped
 
 
-def bucket_quota(counts: Sequence[int], shares: Sequence[float]
-                 ) -> list[int]:
+def bucket_quota(counts: Sequence[int], shares: Sequence[float],
+                 min_rows: int = 1) -> list[int]:
   """The most rows per bucket, at most `counts`, in proportion to `shares`.
 
-  Buckets with no rows are left out of the proportion (otherwise one empty
-  bucket would empty the set); a share of 0 keeps none of its bucket.
+  A bucket with fewer than `min_rows` rows is kept whole and left out of
+  the proportion (else one near-empty bucket would empty the set); a share
+  of 0 keeps none of its bucket.
   """
-  live = [i for i, (c, s) in enumerate(zip(counts, shares)) if c and s > 0]
-  if not live:
-    return [0] * len(counts)
-  scale = min(counts[i] / shares[i] for i in live)
+  small = [0 < c < min_rows and s > 0 for c, s in zip(counts, shares)]
+  live = [i for i, (c, s) in enumerate(zip(counts, shares))
+          if c >= max(min_rows, 1) and s > 0]
+  scale = min((counts[i] / shares[i] for i in live), default=0.0)
   # The epsilon keeps e.g. 3 * (10 / 3) from flooring to 9.
-  return [min(c, int(scale * s + 1e-9)) if i in live else 0
-          for i, (c, s) in enumerate(zip(counts, shares))]
+  return [c if small[i] else min(c, int(scale * s + 1e-9)) if i in live
+          else 0 for i, (c, s) in enumerate(zip(counts, shares))]
 
 
 def difficulty_balance_step(rows: Sequence[Row], cfg: CurateConfig):
   names = list(cfg.bucket_names)
   buckets = [r.added["difficulty_bucket"] for r in rows]
   counts = [buckets.count(n) for n in names]
-  quota = dict(zip(names, bucket_quota(counts, cfg.bucket_shares)))
+  quota = dict(zip(names, bucket_quota(counts, cfg.bucket_shares,
+                                       cfg.bucket_min_rows)))
   order = np.random.default_rng(cfg.seed + 2).permutation(len(rows))
   gone = set(tagging.over_quota(buckets, quota.__getitem__, order))
   kept = [r for i, r in enumerate(rows) if i not in gone]
@@ -573,7 +580,9 @@ def difficulty_balance_step(rows: Sequence[Row], cfg: CurateConfig):
                      f"{quota[buckets[i]]} (shares {shares})")
              for i in sorted(gone)]
   info = {"by_bucket_before": dict(zip(names, counts)), "quota": quota,
-          "empty_buckets": [n for n, c in zip(names, counts) if not c]}
+          "empty_buckets": [n for n, c in zip(names, counts) if not c],
+          "kept_whole": [n for n, c in zip(names, counts)
+                         if 0 < c < cfg.bucket_min_rows]}
   return kept, dropped, info
 
 
