@@ -517,3 +517,42 @@ def test_micro_pipeline_writes_every_method_and_the_figure(tmp_path,
   # A second run skips the finished stages and gives the same comparison.
   again = pipeline.run(config, workdir)
   assert again["methods"] == result["methods"]
+
+
+def test_samples_in_journaled_chunks_equal_one_call(tmp_path):
+  """long2short's samples on the real sampler: chunks of 3 prompts give
+  the one-call tokens and verdicts, and a rerun with the journal samples
+  nothing."""
+  from kimi_jax.data import pointer_chase
+  from kimi_jax.data.journal import Journal, ModelCalls
+  from kimi_jax.data.tasks import Task
+  from kimi_jax.long2short import samples
+  from kimi_jax.rewards.registry import make_reward
+  from tests.tiny_sampler import CountingSampler, tiny_micro_sampler
+  cfg, sampler, params = tiny_micro_sampler(4)
+  train, _ = pointer_chase.make_problems(cfg.task, cfg.seed)
+  tok = pointer_chase.tokenizer()
+  task = Task("pc", train=train[:7], eval=train[:1],
+              reward=make_reward("pointer_chase"), tokenizer=tok,
+              encode_prompt=lambda r: [tok.bos_id] + tok.encode(r["prompt"]))
+  counting = CountingSampler(sampler)
+  calls = counting.calls
+
+  def draw(calls_cfg=ModelCalls()):
+    return samples.sample(counting, params, task, task.train, n=2,
+                          max_response_len=cfg.rl.max_response_len,
+                          settings=cfg.sampler.sampling, seed=9,
+                          calls=calls_cfg)
+
+  whole = draw()
+  path = str(tmp_path / "journal.jsonl")
+  chunked = draw(ModelCalls(3, Journal(path)))
+  assert calls == [14, 6, 6, 2]
+  assert chunked.tokens == whole.tokens
+  np.testing.assert_array_equal(chunked.correct_PxN, whole.correct_PxN)
+  np.testing.assert_array_equal(chunked.lengths_PxN, whole.lengths_PxN)
+  reward = make_reward("pointer_chase")
+  assert [[reward(r, whole.text(p, j, tok)).correct for j in range(2)]
+          for p, r in enumerate(task.train)] == whole.correct_PxN.tolist()
+  again = draw(ModelCalls(3, Journal(path)))
+  assert calls[4:] == [] and again.tokens == whole.tokens

@@ -480,23 +480,17 @@ def test_labelling_in_journaled_chunks_equals_one_call(tmp_path):
   """sample_and_label on the real sampler: chunks of 3 records give the
   one-call examples, and a rerun with the journal samples nothing."""
   from kimi_jax.data.journal import Journal, ModelCalls
-  from tests.tiny_sampler import tiny_micro_sampler
+  from tests.tiny_sampler import CountingSampler, tiny_micro_sampler
   cfg, sampler, params = tiny_micro_sampler(5)
   train, _ = pointer_chase.make_problems(cfg.task, cfg.seed)
   records = train[:8]
   tok = pointer_chase.tokenizer()
-  calls = []
-
-  class Counting:
-    engine = sampler.engine
-
-    def generate(self, params, requests):
-      calls.append(len(requests))
-      return sampler.generate(params, requests)
+  counting = CountingSampler(sampler)
+  calls = counting.calls
 
   def label(calls_cfg=ModelCalls()):
     return labelled.sample_and_label(
-        sampler=Counting(), sampler_params=params, records=records,
+        sampler=counting, sampler_params=params, records=records,
         encode_prompt=lambda r: [tok.bos_id] + tok.encode(r["prompt"]),
         tokenizer=tok, verifier=make_reward("pointer_chase"), samples=3,
         max_response_len=cfg.rl.max_response_len,

@@ -28,3 +28,17 @@ def tiny_micro_sampler(params_seed: int) -> tuple[Any, Any, Any]:
                     steps_per_call=cfg.sampler.steps_per_call)
   return cfg, sampler, transformer.init_sharded(cfg.model, params_seed,
                                                 sharder)
+
+
+class CountingSampler:
+  """The real `sampler`, recording each generate call's request count in
+  `calls` (to see which chunks a journaled run asks for)."""
+
+  def __init__(self, sampler: Any):
+    self.sampler = sampler
+    self.engine = sampler.engine
+    self.calls: list[int] = []
+
+  def generate(self, params: Any, requests: Any):
+    self.calls.append(len(requests))
+    return self.sampler.generate(params, requests)

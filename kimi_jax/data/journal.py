@@ -85,8 +85,13 @@ def map_chunks(items: Sequence[Any], item_keys: Sequence[Any],
     raise ValueError("map_chunks: one key per item")
   if chunk < 1:
     raise ValueError(f"map_chunks: chunk must be >= 1, got {chunk}")
+  import jax
   from kimi_jax import console
-  journal = journal if journal is not None else Journal(None)
+  if journal is None or jax.process_count() > 1:
+    # Several processes sample together (SPMD): one that skipped a chunk
+    # its peers recompute would hang them, so multi-process runs compute
+    # every chunk.
+    journal = Journal(None)
   starts = range(0, len(items), chunk)
   digests = [journal.digest(key, s, list(item_keys[s:s + chunk]))
              for s in starts]

@@ -43,6 +43,7 @@ from kimi_jax import sft as sft_lib
 from kimi_jax import train_step as ts
 from kimi_jax.console import log, progress
 from kimi_jax.data import pointer_chase
+from kimi_jax.data.journal import Journal, ModelCalls
 from kimi_jax.experiment import ExperimentConfig, parse_config
 from kimi_jax.files import write_json
 from kimi_jax.long2short import dpo, merge, policies, report, samples
@@ -53,6 +54,9 @@ from kimi_jax.rl.evaluation import Evaluator
 from kimi_jax.sharding import batch_shardings, place_batch
 
 RESULT_FILE = "long2short.json"
+# Prompts per sampling call of the samples stage (each finished chunk is
+# journaled).
+SAMPLE_CHUNK = 256
 FIGURE_FILE = "token_efficiency.png"
 
 
@@ -274,10 +278,15 @@ def stage_samples(ctx: Context, long: str) -> samples.Samples:
         correct_PxN=np.asarray(data["correct"], bool))
   log(f"long2short: sampling {l2s.samples_per_prompt} responses of the long "
       f"model for each of {len(records)} train prompts")
+  # Finished chunks survive a kill: a rerun samples only the rest.
+  journal = Journal(ctx.path("samples.journal.jsonl"),
+                    context={"policy": os.path.abspath(long),
+                             "task": ctx.cfg.task})
   out = _timed(ctx, "samples", lambda: samples.sample(
       ctx.tools.sampler, ctx.params(long), task, records,
       n=l2s.samples_per_prompt, max_response_len=ctx.cfg.rl.max_response_len,
-      settings=ctx.cfg.sampler.sampling, seed=ctx.cfg.seed + 2))
+      settings=ctx.cfg.sampler.sampling, seed=ctx.cfg.seed + 2,
+      calls=ModelCalls(SAMPLE_CHUNK, journal, ctx.cfg.log.progress)))
   if jax.process_index() == 0:
     write_json(path, {
         "ids": [r["id"] for r in out.records], "prompts": out.prompts,
