@@ -582,6 +582,7 @@ class Killed(Exception):
 
 
 def test_a_killed_curation_resumes_from_its_journal(tmp_path):
+  from kimi_jax.data.journal import Journal
   # 12 prompts in chunks of 5: the easy-to-hack step asks 5 + 5 + 2 and
   # drops 3, the pass-rate step asks 5 + 4. The first run is killed in its
   # fourth model call (the pass-rate step's first chunk); the rerun asks
@@ -615,12 +616,12 @@ def test_a_killed_curation_resumes_from_its_journal(tmp_path):
   journal = str(tmp_path / "journal.jsonl")
   with pytest.raises(Killed):
     C.curate(path, cfg, policy=Dies(answer_for, 3), reward=exact_answer,
-             journal=C.journal_lib.Journal(journal))
+             journal=Journal(journal))
   with open(journal, "a") as f:
     f.write('{"digest": "torn')  # a write cut short by the kill
   again = TablePolicy(answer_for)
   resumed = C.curate(path, cfg, policy=again, reward=exact_answer,
-                     journal=C.journal_lib.Journal(journal))
+                     journal=Journal(journal))
   assert [c["first_index"] for c in again.calls] == [0, 5]
   assert [len(c["prompts"]) for c in again.calls] == [5, 4]
   assert [c["n"] for c in again.calls] == [4, 4]
@@ -635,11 +636,11 @@ def test_a_killed_curation_resumes_from_its_journal(tmp_path):
   # A third run finds every chunk; other settings find none.
   third = TablePolicy(answer_for)
   C.curate(path, cfg, policy=third, reward=exact_answer,
-           journal=C.journal_lib.Journal(journal))
+           journal=Journal(journal))
   assert third.calls == []
   fresh = TablePolicy(answer_for)
   C.curate(path, dataclasses.replace(cfg, pass_samples=3), policy=fresh,
-           reward=exact_answer, journal=C.journal_lib.Journal(journal))
+           reward=exact_answer, journal=Journal(journal))
   assert [c["n"] for c in fresh.calls] == [3, 3]
 
 

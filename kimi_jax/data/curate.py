@@ -55,13 +55,12 @@ import numpy as np
 
 from kimi_jax.data import answer_shift as shift_lib
 from kimi_jax.data import dedup as dedup_lib
-from kimi_jax.data import journal as journal_lib
 from kimi_jax.data import question_format, tagging
 from kimi_jax.data import records as records_lib
-from kimi_jax.data.journal import ModelCalls
-from kimi_jax.data.policy import Policy
+from kimi_jax.data.journal import CHUNK_PROMPTS, Journal, ModelCalls
+from kimi_jax.data.policy import Policy, sample_verified
 from kimi_jax.data.records import DataError, PromptFields, RowError
-from kimi_jax.rewards.base import RewardFn, score_all
+from kimi_jax.rewards.base import RewardFn
 
 STEPS = ("read", "format", "dedup", "tags", "easy_to_hack", "pass_rate",
          "tag_cap", "difficulty_balance")
@@ -138,12 +137,12 @@ class CurateConfig:
   # A bucket with fewer rows is kept whole and does not limit the others
   # (ours: buckets of 0 / 1 / 970 prompts, measured, would keep 2).
   bucket_min_rows: int = 10
+  # Prompts per model call in the model steps; each finished chunk is kept
+  # in the journal, so a killed run resumes there (ours).
+  chunk_prompts: int = CHUNK_PROMPTS
   # The answer-shift check (answer_shift.py; ours): an answer at least
   # min_share of a tag's input rows but under keep_ratio times that share of
   # its kept rows is reported, for tags of at least min_rows input rows.
-  # Prompts per model call in the model steps; each finished chunk is kept
-  # in the journal, so a killed run resumes there (ours).
-  chunk_prompts: int = 256
   answer_shift: bool = True
   answer_shift_min_share: float = 0.25
   answer_shift_keep_ratio: float = 0.25
@@ -454,16 +453,11 @@ def correct_counts(policy: Policy, reward: RewardFn,
 
   def count(chunk: Sequence[tuple[Mapping[str, Any], str]], start: int
             ) -> list[int]:
-    texts = policy.sample([p for _, p in chunk], n, temperature=temperature,
-                          max_new_tokens=max_new_tokens, seed=seed,
-                          response_prefix=response_prefix, first_index=start)
-    flat_records = [r for (r, _), t in zip(chunk, texts) for _ in t]
-    scored = score_all(reward, flat_records, [x for t in texts for x in t])
-    out, k = [], 0
-    for t in texts:
-      out.append(sum(s.correct for s in scored[k:k + len(t)]))
-      k += len(t)
-    return out
+    answers = sample_verified(
+        policy, reward, chunk, n, temperature=temperature,
+        max_new_tokens=max_new_tokens, seed=seed,
+        response_prefix=response_prefix, first_index=start)
+    return [sum(correct) for _, correct in answers]
 
   items = list(zip(records, prompts))
   settings = dict(step=step, n=n, temperature=temperature,
@@ -556,13 +550,19 @@ def bucket_quota(counts: Sequence[int], shares: Sequence[float],
   the proportion (else one near-empty bucket would empty the set); a share
   of 0 keeps none of its bucket.
   """
-  small = [0 < c < min_rows and s > 0 for c, s in zip(counts, shares)]
-  live = [i for i, (c, s) in enumerate(zip(counts, shares))
-          if c >= max(min_rows, 1) and s > 0]
-  scale = min((counts[i] / shares[i] for i in live), default=0.0)
-  # The epsilon keeps e.g. 3 * (10 / 3) from flooring to 9.
-  return [c if small[i] else min(c, int(scale * s + 1e-9)) if i in live
-          else 0 for i, (c, s) in enumerate(zip(counts, shares))]
+  min_rows = max(min_rows, 1)
+  scale = min((c / s for c, s in zip(counts, shares)
+               if c >= min_rows and s > 0), default=0.0)
+  out = []
+  for c, s in zip(counts, shares):
+    if s <= 0:
+      out.append(0)
+    elif c < min_rows:
+      out.append(c)  # kept whole (0 when empty)
+    else:
+      # The epsilon keeps e.g. 3 * (10 / 3) from flooring to 9.
+      out.append(min(c, int(scale * s + 1e-9)))
+  return out
 
 
 def difficulty_balance_step(rows: Sequence[Row], cfg: CurateConfig):
@@ -593,7 +593,7 @@ def difficulty_balance_step(rows: Sequence[Row], cfg: CurateConfig):
 def curate(path: str, cfg: CurateConfig, *, policy: Policy | None = None,
            reward: RewardFn | None = None,
            held_out: Sequence[Mapping[str, Any]] = (),
-           journal: journal_lib.Journal | None = None,
+           journal: Journal | None = None,
            progress: bool = False) -> CurateResult:
   """Runs every enabled step on the JSONL prompt set at `path`; `held_out`:
   evaluation records whose problems the dedup step keeps out; `journal`:

@@ -28,6 +28,10 @@ from absl import flags
 # Flags defined by define_flags belong to the launcher that calls it.
 flags.disclaim_key_flags()
 
+# Prompts per model call of the data tools and stages that journal (ours:
+# minutes of work per chunk for a large model, so a kill loses little).
+CHUNK_PROMPTS = 256
+
 
 class Journal:
   """Finished chunks, by digest; `path=None` keeps them in memory only."""

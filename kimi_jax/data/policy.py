@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import types
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from kimi_jax.rewards.base import RewardFn, score_all
 from kimi_jax.rl import rollout
 from kimi_jax.sampler import handoff
 from kimi_jax.sampler.driver import Sampler, SampleRequest
@@ -39,6 +40,22 @@ class Policy(Protocol):
     prompt i's draws are seeded as prompt first_index + i's, so a list
     asked in chunks gets the draws of the whole list asked at once."""
     ...
+
+
+def sample_verified(policy: Policy, reward: RewardFn,
+                    items: Sequence[tuple[Mapping[str, Any], str]], n: int,
+                    **sample_kwargs: Any
+                    ) -> list[tuple[list[str], list[bool]]]:
+  """(responses, verified-correct flags) for each (record, prompt text):
+  n samples of `policy.sample(..., **sample_kwargs)`, scored by `reward`."""
+  texts = policy.sample([p for _, p in items], n, **sample_kwargs)
+  flat_records = [r for (r, _), t in zip(items, texts) for _ in t]
+  scored = score_all(reward, flat_records, [x for t in texts for x in t])
+  out, k = [], 0
+  for t in texts:
+    out.append((list(t), [s.correct for s in scored[k:k + len(t)]]))
+    k += len(t)
+  return out
 
 
 @dataclasses.dataclass

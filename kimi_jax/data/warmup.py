@@ -21,8 +21,8 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from kimi_jax.data import journal as journal_lib
-from kimi_jax.data.policy import Policy
-from kimi_jax.rewards.base import RewardFn, score_all
+from kimi_jax.data.policy import Policy, sample_verified
+from kimi_jax.rewards.base import RewardFn
 
 LONG_COT_TEMPLATE = (
     "{prompt}\n\n"
@@ -51,7 +51,7 @@ class WarmupConfig:
   seed: int = 0
   # Prompts per model call; each finished chunk is kept in the journal, so
   # a killed run resumes there (ours).
-  chunk_prompts: int = 256
+  chunk_prompts: int = journal_lib.CHUNK_PROMPTS
 
   def __post_init__(self):
     if "{prompt}" not in self.template:
@@ -124,17 +124,10 @@ def rejection_sample(records: Sequence[Mapping[str, Any]], cfg: WarmupConfig,
 
   def verified(chunk: Sequence[tuple[Mapping[str, Any], str]], start: int
                ) -> list[tuple[list[str], list[bool]]]:
-    texts = policy.sample([p for _, p in chunk], cfg.samples,
-                          temperature=cfg.temperature,
-                          max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                          first_index=start)
-    flat_records = [r for (r, _), t in zip(chunk, texts) for _ in t]
-    scored = score_all(reward, flat_records, [x for t in texts for x in t])
-    out, k = [], 0
-    for t in texts:
-      out.append((t, [s.correct for s in scored[k:k + len(t)]]))
-      k += len(t)
-    return out
+    return sample_verified(policy, reward, chunk, cfg.samples,
+                           temperature=cfg.temperature,
+                           max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                           first_index=start)
 
   items = list(zip(runnable, prompts))
   settings = dict(step="warmup", samples=cfg.samples,

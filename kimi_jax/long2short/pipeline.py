@@ -43,7 +43,7 @@ from kimi_jax import sft as sft_lib
 from kimi_jax import train_step as ts
 from kimi_jax.console import log, progress
 from kimi_jax.data import pointer_chase
-from kimi_jax.data.journal import Journal, ModelCalls
+from kimi_jax.data.journal import CHUNK_PROMPTS, Journal, ModelCalls
 from kimi_jax.experiment import ExperimentConfig, parse_config
 from kimi_jax.files import write_json
 from kimi_jax.long2short import dpo, merge, policies, report, samples
@@ -54,9 +54,6 @@ from kimi_jax.rl.evaluation import Evaluator
 from kimi_jax.sharding import batch_shardings, place_batch
 
 RESULT_FILE = "long2short.json"
-# Prompts per sampling call of the samples stage (each finished chunk is
-# journaled).
-SAMPLE_CHUNK = 256
 FIGURE_FILE = "token_efficiency.png"
 
 
@@ -286,7 +283,7 @@ def stage_samples(ctx: Context, long: str) -> samples.Samples:
       ctx.tools.sampler, ctx.params(long), task, records,
       n=l2s.samples_per_prompt, max_response_len=ctx.cfg.rl.max_response_len,
       settings=ctx.cfg.sampler.sampling, seed=ctx.cfg.seed + 2,
-      calls=ModelCalls(SAMPLE_CHUNK, journal, ctx.cfg.log.progress)))
+      calls=ModelCalls(CHUNK_PROMPTS, journal, ctx.cfg.log.progress)))
   if jax.process_index() == 0:
     write_json(path, {
         "ids": [r["id"] for r in out.records], "prompts": out.prompts,

@@ -35,7 +35,7 @@ from kimi_jax import workdir as workdir_lib
 from kimi_jax.config import ConfigError, to_dataclass
 from kimi_jax.console import log
 from kimi_jax.data import tasks as tasks_lib
-from kimi_jax.data.journal import Journal, ModelCalls
+from kimi_jax.data.journal import CHUNK_PROMPTS, Journal, ModelCalls
 from kimi_jax.experiment import ExperimentConfig, parse_config
 from kimi_jax.files import write_json
 from kimi_jax.model import transformer
@@ -51,8 +51,6 @@ from kimi_jax.sampler.engine import Engine, EngineConfig
 from kimi_jax.sharding import Sharder, make_mesh
 
 MODELS = ("value", "cot")
-# Prompts per sampling call when labelling (each finished chunk journaled).
-LABEL_CHUNK = 256
 EVAL_FILE = "rm_eval.json"
 
 
@@ -234,7 +232,7 @@ class Trainer:
           samples=d.samples_per_prompt,
           max_response_len=d.max_response_len or cfg.rl.max_response_len,
           settings=settings, seed=seed,
-          calls=ModelCalls(LABEL_CHUNK, journal, cfg.log.progress))
+          calls=ModelCalls(CHUNK_PROMPTS, journal, cfg.log.progress))
       if journal.reused:
         log(f"labelled {split}: {journal.reused} chunks read back from "
             f"{journal.path}")
