@@ -240,3 +240,23 @@ def test_several_steps_with_an_equal_reward_group_match_the_golden_figures():
                       REWARDS_EQ_PxK[:EQUAL])
   assert np.abs(_delta(before, kept) - _delta(before, skipped)).max() > \
       0.1 * RL.learning_rate
+
+
+def test_log_ratio_metric_is_the_second_steps_distance_from_the_reference():
+  """With one minibatch and two epochs, `log_ratio_sq` is the mean squared
+  sequence log-ratio the second step sees: recomputed here from the
+  parameters after a one-epoch phase (the same first step)."""
+  rl = dataclasses.replace(RL, minibatch_prompts=4)
+  host = _initial_params()
+  one, stats_one = _phase(dataclasses.replace(rl, epochs=1), host, _groups(),
+                          PROMPTS, REWARDS_PxK)
+  _, stats_two = _phase(rl, host, _groups(), PROMPTS, REWARDS_PxK)
+  assert stats_two["minibatches"] == 1 and stats_one["log_ratio_sq"] == 0.0
+  learner = _learner(rl)
+  (mb,) = [place_batch(learner.sharder, mb) for mb in _minibatches(
+      learner, _groups(), PROMPTS, REWARDS_PxK)]
+  seq = lambda p: np.asarray(learner._seq_logp(
+      jax.device_put(p, learner.shardings.params), mb))
+  want = np.mean((seq(one) - seq(host)) ** 2)
+  assert want > 1e-3
+  assert stats_two["log_ratio_sq"] == pytest.approx(want, rel=1e-4)

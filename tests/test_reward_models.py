@@ -474,6 +474,27 @@ def test_rm_tiny_micro_study_end_to_end(tmp_path):
     assert summary["arms"][arm]["warm_pass_at_1"] == \
         summary["arms"]["pointer_chase"]["warm_pass_at_1"]
   assert json.load(open(tmp_path / "rm_study.json"))["arms"]
+  assert not rm_eval["value"]["reused"] and not rm_eval["cot"]["reused"]
+
+  # A rerun of train_rm reads both finished models back and judges alike;
+  # a changed rm_value section trains the value model again, not the CoT.
+  from kimi_jax.job import rl_step
+  from kimi_jax.experiment import parse_config
+  from kimi_jax.reward_models import train as train_lib
+  step = rl_step(parse_config(study.job_config(config)), 0)
+  rerun = lambda cfg: train_lib.train_reward_models(
+      cfg, str(tmp_path / "rm"), policy_workdir=str(tmp_path / "warm"),
+      policy_step=step)
+  again = rerun(config)
+  for kind in ("value", "cot"):
+    assert again[kind]["reused"]
+    for key in ("accuracy", "precision", "recall", "n"):
+      assert again[kind][key] == rm_eval[kind][key]
+  changed = config.copy_and_resolve_references()
+  changed.rm_value.steps += 1
+  third = rerun(changed)
+  assert not third["value"]["reused"] and third["cot"]["reused"]
+  assert third["value"]["train"]["steps"] == config.rm_value.steps + 1
 
 
 def test_labelling_in_journaled_chunks_equals_one_call(tmp_path):

@@ -33,6 +33,13 @@ flags.disclaim_key_flags()
 CHUNK_PROMPTS = 256
 
 
+def digest(*parts: Any) -> str:
+  """sha256 of the parts as sorted-key JSON (dataclasses and other objects
+  by their str): equal inputs, equal digest, across processes and runs."""
+  text = json.dumps(list(parts), sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
 class Journal:
   """Finished chunks, by digest; `path=None` keeps them in memory only."""
 
@@ -55,8 +62,7 @@ class Journal:
       self._torn = bool(line) and not line.endswith("\n")
 
   def digest(self, *parts: Any) -> str:
-    text = json.dumps([self.context, *parts], sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return digest(self.context, *parts)
 
   def get(self, digest: str) -> Any:
     return self._done.get(digest)

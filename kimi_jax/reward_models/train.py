@@ -17,6 +17,11 @@ and their honest evaluation (`rm_eval.json`).
 
 Outputs in the work directory: value/ and cot/ (reward-model directories,
 kimi_jax/reward_models/store.py), labelled/*.jsonl, rm_eval.json.
+
+A rerun loses nothing already finished: the labelling resumes from its
+journal, and a model whose directory holds the digest of everything it was
+trained from (policy, model, task, seed, its config section, its training
+examples) is read back instead of trained again.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 from typing import Any, Sequence
 
@@ -35,7 +41,7 @@ from kimi_jax import workdir as workdir_lib
 from kimi_jax.config import ConfigError, to_dataclass
 from kimi_jax.console import log
 from kimi_jax.data import tasks as tasks_lib
-from kimi_jax.data.journal import CHUNK_PROMPTS, Journal, ModelCalls
+from kimi_jax.data.journal import CHUNK_PROMPTS, Journal, ModelCalls, digest
 from kimi_jax.experiment import ExperimentConfig, parse_config
 from kimi_jax.files import write_json
 from kimi_jax.model import transformer
@@ -392,6 +398,49 @@ def _hand_eval(trainer: Trainer, d: RMDataConfig, models: dict[str, Any]
   return out
 
 
+def training_digest(setup: RMTrainSetup, policy: str, kind: str,
+                    train: Sequence[labelled.LabelledExample]) -> str:
+  """What a trained model depends on, as one digest."""
+  cfg = setup.experiment
+  section = setup.value if kind == "value" else setup.cot
+  return digest(kind, policy, cfg.model, cfg.task, cfg.seed, setup.data,
+                section, [(e.id, e.response, e.label) for e in train])
+
+
+def finished_model(path: str, key: str, sharder: Sharder
+                   ) -> store.RewardModel | None:
+  """The model in `path` if it was trained from `key`, else None (a
+  directory from other inputs is removed, so a save killed half way can
+  never pass for a finished model)."""
+  try:
+    meta = store.read_meta(path)
+  except (FileNotFoundError, ValueError, json.JSONDecodeError):
+    meta = None
+  if meta is not None and meta.get("report", {}).get("digest") == key:
+    return store.load(path, sharder)
+  if os.path.exists(path) and jax.process_index() == 0:
+    shutil.rmtree(path)
+  return None
+
+
+def _train_or_reuse(trainer: Trainer, kind: str,
+                    train: Sequence[labelled.LabelledExample]
+                    ) -> tuple[store.RewardModel, bool]:
+  """(the model, whether it was read back from an earlier run)."""
+  path = os.path.join(trainer.workdir, kind)
+  key = training_digest(trainer.setup, trainer.policy, kind, train)
+  rm = finished_model(path, key, trainer.sharder)
+  if rm is not None:
+    log(f"{kind} RM: read back from {path} (trained from the same inputs)")
+    return rm, True
+  rm = trainer.train_value(train) if kind == "value" else \
+      trainer.train_cot(train)
+  rm = dataclasses.replace(rm, report={**rm.report, "digest": key})
+  # rm.json is written last, so only a finished save carries the digest.
+  store.save(path, rm, tokenizer_dir=trainer.setup.experiment.init_from_hf)
+  return rm, False
+
+
 def train_reward_models(config: ml_collections.ConfigDict, workdir: str, *,
                         policy_workdir: str = "",
                         policy_step: int | None = None) -> dict[str, Any]:
@@ -416,29 +465,25 @@ def train_reward_models(config: ml_collections.ConfigDict, workdir: str, *,
   predictions: list[dict[str, Any]] = [
       {"id": e.id, "label": e.label} for e in held]
   if "value" in d.models:
-    rm = trainer.train_value(train)
-    store.save(os.path.join(workdir, "value"), rm,
-               tokenizer_dir=setup.experiment.init_from_hf)
+    rm, reused = _train_or_reuse(trainer, "value", train)
     t0 = time.perf_counter()
     probs = trainer.value_predictions(rm, held)
     result["value"] = _model_eval(list(probs >= 0.5), held,
                                   time.perf_counter() - t0,
-                                  train=rm.report)
+                                  train=rm.report, reused=reused)
     for row, p in zip(predictions, probs):
       row["value_p"] = float(p)
     models["value"] = rm
     log(f"value RM held-out accuracy {result['value']['accuracy']:.4f}")
   if "cot" in d.models:
-    rm = trainer.train_cot(train)
-    store.save(os.path.join(workdir, "cot"), rm,
-               tokenizer_dir=setup.experiment.init_from_hf)
+    rm, reused = _train_or_reuse(trainer, "cot", train)
     t0 = time.perf_counter()
     judged = trainer.cot_predictions(rm, held)
     statuses = [j.verdict.status for j in judged]
     result["cot"] = _model_eval(
         [j.verdict.correct for j in judged], held, time.perf_counter() - t0,
         malformed=statuses.count("malformed"),
-        missing=statuses.count("missing"), train=rm.report)
+        missing=statuses.count("missing"), train=rm.report, reused=reused)
     for row, j in zip(predictions, judged):
       row.update(cot_verdict=j.verdict.status == "ok" and j.verdict.correct,
                  cot_status=j.verdict.status, cot_text=j.text)

@@ -194,6 +194,11 @@ class Learner:
     n_tokens = sum(float(mb.rows.mask_RxT.sum()) for mb in minibatches)
     row_tokens = sum(mb.rows.tokens_RxT.size for mb in minibatches)
     stats = {k: float(np.mean([h[k] for h in history])) for k in _MEAN_KEYS}
+    if "log_ratio_sq_mean" in history[0]:
+      # How far the steps moved from the iteration's reference: eq. 3's
+      # penalty is tau/2 times this. The first step reads 0 by definition.
+      stats["log_ratio_sq"] = float(np.mean(
+          [h["log_ratio_sq_mean"] for h in history[1:] or history]))
     stats.update(
         minibatches=len(minibatches), loss_tokens=n_tokens,
         reference_s=t1 - t0, update_s=t2 - t1,
