@@ -75,6 +75,12 @@ def test_one_train_phase_matches_the_golden_figures():
   _, stats = learner.train(state, mbs)
   got = {k: stats[k] for k in GOLDEN}
   assert stats["minibatches"] == 2
+  # Row fill: every sequence's model inputs (prompt + response - 1) over
+  # the rows' R x T, counted from the groups, not from the rows.
+  seq_tokens = sum(len(PROMPTS[g.prompt_index]) + t.length - 1
+                   for g in _groups() for t in g.trajectories)
+  computed = sum(mb.rows.tokens_RxT.size for mb in mbs)
+  assert stats["train_row_fill"] == pytest.approx(seq_tokens / computed)
   for key, want in GOLDEN.items():
     assert got[key] == pytest.approx(want, rel=2e-4), (
         f"{key} moved from {want} to {got[key]}: did you mean to change the "

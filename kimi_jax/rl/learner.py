@@ -193,6 +193,8 @@ class Learner:
     t2 = time.perf_counter()
     n_tokens = sum(float(mb.rows.mask_RxT.sum()) for mb in minibatches)
     row_tokens = sum(mb.rows.tokens_RxT.size for mb in minibatches)
+    real_tokens = sum(int((mb.rows.segment_ids_RxT > 0).sum())
+                      for mb in minibatches)
     stats = {k: float(np.mean([h[k] for h in history])) for k in _MEAN_KEYS}
     if "log_ratio_sq_mean" in history[0]:
       # How far the steps moved from the iteration's reference: eq. 3's
@@ -206,8 +208,9 @@ class Learner:
         train_tokens_per_s=n_tokens * self.rl.epochs / max(t2 - t1, 1e-9),
         logp_mismatch=_mismatch(minibatches, refs),
         train_len_max=max(mb.rows.shape[1] for mb in minibatches),
-        # Real tokens / tokens the train steps ran (padding).
-        train_row_fill=n_tokens / max(row_tokens, 1))
+        # Sequence tokens (prompts and responses) / tokens the train steps
+        # ran: what packing and the length buckets leave as padding.
+        train_row_fill=real_tokens / max(row_tokens, 1))
     return state, stats
 
   def _self_reference(self, flag: bool) -> jax.Array:
