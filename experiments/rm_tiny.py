@@ -62,6 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       warmup_steps=2 if micro else 20,
       weight_decay=0.0,
       grad_clip=1.0,
+      checkpoint_every=100,  # steps between checkpoints a rerun resumes
   ))
   c.rm_cot = ml_collections.ConfigDict(dict(
       seed_examples=16 if micro else 128,
@@ -77,6 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       grad_clip=1.0,
       max_new_tokens=12,  # 'final y Reference: y same {"correct": true}' + eos
       max_slots=32 if micro else 128,
+      checkpoint_every=100,  # per SFT stage
   ))
   c.reward_model.max_slots = 32 if micro else 128
   c.reward_model.audit = True  # the exact verifier beside every RM call

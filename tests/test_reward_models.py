@@ -449,7 +449,7 @@ def test_value_model_export_loads_in_transformers(tmp_path):
 
 
 @pytest.mark.slow
-def test_rm_tiny_micro_study_end_to_end(tmp_path):
+def test_rm_tiny_micro_study_end_to_end(tmp_path, monkeypatch, capsys):
   """experiments/rm_tiny.py:micro: warm start, both reward models trained
   and measured, one RL iteration per arm, the comparison written."""
   from kimi_jax.config import load_config
@@ -495,6 +495,33 @@ def test_rm_tiny_micro_study_end_to_end(tmp_path):
   third = rerun(changed)
   assert not third["value"]["reused"] and third["cot"]["reused"]
   assert third["value"]["train"]["steps"] == config.rm_value.steps + 1
+
+  # A crash in the CoT model's final SFT: the rerun reads rejection
+  # sampling back and continues the SFT from its last checkpoint.
+  changed.rm_cot.steps += 2
+  changed.rm_cot.checkpoint_every = 4
+  crash_at = changed.rm_cot.seed_steps + 7  # the final SFT's 7th step
+  from kimi_jax import step_loop
+  real, calls = step_loop.place_batch, []
+
+  def crash(sharder, batch):
+    calls.append(1)
+    if len(calls) == crash_at:
+      raise KeyboardInterrupt("killed")
+    return real(sharder, batch)
+
+  monkeypatch.setattr(step_loop, "place_batch", crash)
+  with pytest.raises(KeyboardInterrupt):
+    rerun(changed)
+  monkeypatch.setattr(step_loop, "place_batch", real)
+  capsys.readouterr()
+  fourth = rerun(changed)
+  out = capsys.readouterr().out
+  assert "CoT RM rejection sampling: read back" in out
+  assert "CoT RM SFT: resumed at step 4" in out
+  assert fourth["value"]["reused"] and not fourth["cot"]["reused"]
+  assert fourth["cot"]["train"]["sft"]["final_loss"] is not None
+  assert not (tmp_path / "rm" / "cot.progress").exists()
 
 
 def test_labelling_in_journaled_chunks_equals_one_call(tmp_path):

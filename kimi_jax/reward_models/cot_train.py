@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import os
 import time
 from typing import Any, Sequence
 
@@ -28,13 +30,16 @@ import numpy as np
 
 from kimi_jax import train_step as ts
 from kimi_jax.console import log
+from kimi_jax.data.journal import digest
 from kimi_jax.data.sft_data import PackedBatches, pair_example
+from kimi_jax.files import write_json
 from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.reward_models import cot_model
 from kimi_jax.reward_models.labelled import LabelledExample
 from kimi_jax.sampler import handoff
-from kimi_jax.sharding import Sharder, batch_shardings, place_batch
+from kimi_jax.sharding import Sharder, batch_shardings
+from kimi_jax.step_loop import Progress, run_steps
 from kimi_jax.token_rows import TokenRows
 
 
@@ -44,7 +49,9 @@ class CotTrainConfig:
   between labels) for `seed_steps`; rejection sampling: `rejection_samples`
   draws per example at `rejection_temperature`; final SFT: `steps` on
   batches of `batch_rows` packed rows of `row_len`; judging writes at most
-  `max_new_tokens` on `max_slots` sampler slots."""
+  `max_new_tokens` on `max_slots` sampler slots. Each SFT saves a
+  checkpoint every `checkpoint_every` steps, which a rerun continues from
+  (`kimi_jax.step_loop`)."""
 
   seed_examples: int = 128
   seed_steps: int = 100
@@ -59,8 +66,11 @@ class CotTrainConfig:
   grad_clip: float = 1.0
   max_new_tokens: int = 16
   max_slots: int = 64
+  checkpoint_every: int = 100
 
   def __post_init__(self):
+    if self.checkpoint_every < 1:
+      raise ValueError("config.rm_cot.checkpoint_every must be >= 1")
     if self.seed_examples < 0 or self.seed_steps < 0:
       raise ValueError("config.rm_cot.seed_examples / seed_steps must be "
                        ">= 0")
@@ -82,43 +92,43 @@ class CotTrainConfig:
 
 def sft(params: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
         *, model_cfg: ModelConfig, cfg: CotTrainConfig, steps: int,
-        sharder: Sharder, pad_id: int, seed: int, what: str
+        sharder: Sharder, pad_id: int, seed: int, what: str,
+        progress: Progress | None = None
         ) -> tuple[Any, list[dict[str, float]]]:
   """`steps` SFT steps on (prompt ids, target ids) pairs, packed; returns
-  new params (the input params are not donated) and per-step metrics."""
+  new params (the input params are not donated) and the metrics of the
+  steps this call ran. With `progress`, a rerun continues from the last
+  checkpoint (`kimi_jax.step_loop`)."""
   optimizer = ts.make_optimizer(cfg.optimizer())
   shardings = ts.state_shardings(optimizer, model_cfg, sharder)
   params = jax.jit(lambda p: jax.tree.map(lambda x: x + 0, p),
                    out_shardings=shardings.params)(params)
   state = ts.create_state(params, optimizer, shardings)
+  as_rows = lambda d: TokenRows(**{f"{k}_RxT": v for k, v in d.items()})
   batches = PackedBatches(list(pairs), lambda p: pair_example(*p),
                           n_rows=cfg.batch_rows, row_len=cfg.row_len,
                           pad_id=pad_id, seed=seed)
-  as_rows = lambda d: TokenRows(**{f"{k}_RxT": v for k, v in d.items()})
-  batch = as_rows(next(batches))
+  start = batches.get_state()
+  first = as_rows(next(batches))  # the batch shape the step compiles for
+  batches.set_state(start)
   loss = functools.partial(ts.cross_entropy_loss, cfg=model_cfg,
                            sharder=sharder)
   step_fn, _ = ts.jit_train_step(loss, optimizer, shardings,
-                                 batch_shardings(sharder, batch))
-  history, pending, t0 = [], None, time.perf_counter()
+                                 batch_shardings(sharder, first))
+  history, t0 = [], time.perf_counter()
 
-  def read(step: int, metrics: Any) -> None:
+  def read(step: int, metrics: Any, _) -> None:
     m = {k: float(v) for k, v in jax.device_get(metrics).items()}
     if not m["finite"]:
       raise ts.NonFiniteError(f"{what} step {step}: not finite ({m})")
     history.append(dict(m, step=step + 1))
     if (step + 1) % 50 == 0 or step + 1 == steps:
       log(f"{what} step {step + 1}/{steps}: loss {m['loss']:.4f} "
-          f"({(step + 1) / (time.perf_counter() - t0):.1f} steps/s)")
+          f"({len(history) / (time.perf_counter() - t0):.1f} steps/s)")
 
-  for step in range(steps):
-    state, metrics = step_fn(state, place_batch(sharder, batch))
-    if pending is not None:
-      read(*pending)
-    pending = (step, metrics)
-    if step + 1 < steps:
-      batch = as_rows(next(batches))
-  read(*pending)
+  state = run_steps(step_fn, state, batches, steps, sharder=sharder,
+                    shardings=shardings, read=read, progress=progress,
+                    what=what, convert=as_rows)
   return state.params, history
 
 
@@ -175,32 +185,80 @@ def rejection_sample(judge: cot_model.CotJudge,
   return kept, stats
 
 
+def _final_loss(hist: list[dict[str, float]]) -> float | None:
+  # None when a rerun found the stage finished (no step ran).
+  return hist[-1]["loss"] if hist else None
+
+
+def _stage(progress: Progress | None, name: str) -> Progress | None:
+  if progress is None:
+    return None
+  return Progress(os.path.join(progress.directory, name),
+                  digest(progress.key, name), progress.every)
+
+
+def _read_kept(path: str, key: str, examples: Sequence[LabelledExample]
+               ) -> tuple[list[tuple[LabelledExample, str]], dict,
+                          dict | None] | None:
+  """Rejection sampling's result saved by an earlier run of these inputs."""
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    saved = json.load(f)
+  if saved.get("key") != key:
+    return None
+  by_id = {e.id: e for e in examples}
+  return ([(by_id[i], text) for i, text in saved["kept"]], saved["stats"],
+          saved["seed"])
+
+
 def train(base_params: Any, examples: Sequence[LabelledExample], *,
           judge_for, model_cfg: ModelConfig, cfg: CotTrainConfig,
-          sharder: Sharder, pad_id: int, seed: int
+          sharder: Sharder, pad_id: int, seed: int,
+          progress: Progress | None = None
           ) -> tuple[Any, dict[str, Any]]:
   """The three stages (module doc). `judge_for(params)` gives a CotJudge
   on params (the job's sampler and template). Returns the final params and
-  a report of each stage."""
+  a report of each stage. With `progress`, each SFT keeps checkpoints in
+  its own directory under `progress.directory` and rejection sampling's
+  result is saved there, so a rerun with the same key continues where a
+  kill stopped it."""
   report: dict[str, Any] = {}
-  proposer = base_params
-  if cfg.seed_examples:
-    seeds = seed_subset(examples, cfg.seed_examples, seed)
+  kept_file = (os.path.join(progress.directory, "rejection.json")
+               if progress is not None else "")
+  saved = (_read_kept(kept_file, progress.key, examples)
+           if progress is not None else None)
+  if saved is not None:
+    # The seed SFT only serves rejection sampling, which is done.
+    kept, stats, seed_report = saved
+    if seed_report is not None:
+      report["seed"] = seed_report
     judge = judge_for(base_params)
-    pairs = [rationale_pair(judge, e, cot_model.seed_rationale(
-        e.extracted, e.reference, e.label)) for e in seeds]
-    proposer, hist = sft(base_params, pairs, model_cfg=model_cfg, cfg=cfg,
-                         steps=cfg.seed_steps, sharder=sharder,
-                         pad_id=pad_id, seed=seed, what="CoT RM seed SFT")
-    report["seed"] = {"examples": len(seeds),
-                      "final_loss": hist[-1]["loss"]}
-  judge = judge_for(proposer)
-  t0 = time.perf_counter()
-  kept, stats = rejection_sample(judge, examples,
-                                 samples=cfg.rejection_samples,
-                                 temperature=cfg.rejection_temperature,
-                                 seed=seed + 1)
-  stats["seconds"] = time.perf_counter() - t0
+    log(f"CoT RM rejection sampling: read back from {kept_file}")
+  else:
+    proposer = base_params
+    if cfg.seed_examples:
+      seeds = seed_subset(examples, cfg.seed_examples, seed)
+      judge = judge_for(base_params)
+      pairs = [rationale_pair(judge, e, cot_model.seed_rationale(
+          e.extracted, e.reference, e.label)) for e in seeds]
+      proposer, hist = sft(base_params, pairs, model_cfg=model_cfg, cfg=cfg,
+                           steps=cfg.seed_steps, sharder=sharder,
+                           pad_id=pad_id, seed=seed, what="CoT RM seed SFT",
+                           progress=_stage(progress, "seed_sft"))
+      report["seed"] = {"examples": len(seeds),
+                        "final_loss": _final_loss(hist)}
+    judge = judge_for(proposer)
+    t0 = time.perf_counter()
+    kept, stats = rejection_sample(judge, examples,
+                                   samples=cfg.rejection_samples,
+                                   temperature=cfg.rejection_temperature,
+                                   seed=seed + 1)
+    stats["seconds"] = time.perf_counter() - t0
+    if progress is not None and jax.process_index() == 0:
+      write_json(kept_file, {"key": progress.key, "stats": stats,
+                             "seed": report.get("seed"),
+                             "kept": [[e.id, text] for e, text in kept]})
   report["rejection_sampling"] = stats
   log(f"CoT RM rejection sampling: kept {stats['kept']} of "
       f"{stats['examples']} examples (coverage {stats['coverage']:.3f}; "
@@ -212,8 +270,9 @@ def train(base_params: Any, examples: Sequence[LabelledExample], *,
   pairs = [rationale_pair(judge, e, text) for e, text in kept]
   params, hist = sft(base_params, pairs, model_cfg=model_cfg, cfg=cfg,
                      steps=cfg.steps, sharder=sharder, pad_id=pad_id,
-                     seed=seed + 2, what="CoT RM SFT")
-  report["sft"] = {"examples": len(pairs), "final_loss": hist[-1]["loss"]}
+                     seed=seed + 2, what="CoT RM SFT",
+                     progress=_stage(progress, "sft"))
+  report["sft"] = {"examples": len(pairs), "final_loss": _final_loss(hist)}
   return params, report
 
 

@@ -19,9 +19,11 @@ Outputs in the work directory: value/ and cot/ (reward-model directories,
 kimi_jax/reward_models/store.py), labelled/*.jsonl, rm_eval.json.
 
 A rerun loses nothing already finished: the labelling resumes from its
-journal, and a model whose directory holds the digest of everything it was
+journal, a model whose directory holds the digest of everything it was
 trained from (policy, model, task, seed, its config section, its training
-examples) is read back instead of trained again.
+examples) is read back instead of trained again, and a model's training
+continues from its last checkpoint in WORKDIR/{value,cot}.progress
+(`kimi_jax/step_loop.py`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from kimi_jax.sampler import handoff
 from kimi_jax.sampler.driver import Sampler
 from kimi_jax.sampler.engine import Engine, EngineConfig
 from kimi_jax.sharding import Sharder, make_mesh
+from kimi_jax.step_loop import Progress, discard
 
 MODELS = ("value", "cot")
 EVAL_FILE = "rm_eval.json"
@@ -256,8 +259,8 @@ class Trainer:
 
   # ---- the classic model --------------------------------------------------
 
-  def train_value(self, train: Sequence[labelled.LabelledExample]
-                  ) -> store.RewardModel:
+  def train_value(self, train: Sequence[labelled.LabelledExample],
+                  progress: Progress | None = None) -> store.RewardModel:
     cfg, vc = self.setup.experiment, self.setup.value
     scored = [Scored(self.encode(e).ids, e.label) for e in train]
     if vc.loss == "bce":
@@ -268,13 +271,14 @@ class Trainer:
     params, hist = value_train.train(
         value_model.init_params(self.params, cfg.model), units,
         model_cfg=cfg.model, cfg=vc, sharder=self.sharder,
-        pad_id=self.tokenizer.pad_id, seed=cfg.seed)
+        pad_id=self.tokenizer.pad_id, seed=cfg.seed, progress=progress)
     offset = 0.0
     if vc.loss == "bradley_terry":
       logits = self.scorer(params).logits([s.ids for s in scored])
       offset = value_model.fit_offset(logits, [s.label for s in scored])
     report = {"loss": vc.loss, "units": len(units), "steps": vc.steps,
-              "final_loss": hist[-1]["loss"],
+              # None when a rerun found every step done.
+              "final_loss": hist[-1]["loss"] if hist else None,
               "seconds": time.perf_counter() - t0}
     return store.RewardModel(kind="value", model=cfg.model,
                              template=self.template, tokenizer=self.tokenizer,
@@ -315,14 +319,14 @@ class Trainer:
                               template=self.template,
                               max_new_tokens=cc.max_new_tokens)
 
-  def train_cot(self, train: Sequence[labelled.LabelledExample]
-                ) -> store.RewardModel:
+  def train_cot(self, train: Sequence[labelled.LabelledExample],
+                progress: Progress | None = None) -> store.RewardModel:
     cfg, cc = self.setup.experiment, self.setup.cot
     t0 = time.perf_counter()
     params, report = cot_train.train(
         self.params, train, judge_for=self.judge_for, model_cfg=cfg.model,
         cfg=cc, sharder=self.sharder, pad_id=self.tokenizer.pad_id,
-        seed=cfg.seed)
+        seed=cfg.seed, progress=progress)
     report["seconds"] = time.perf_counter() - t0
     return store.RewardModel(kind="cot", model=cfg.model,
                              template=self.template, tokenizer=self.tokenizer,
@@ -402,7 +406,8 @@ def training_digest(setup: RMTrainSetup, policy: str, kind: str,
                     train: Sequence[labelled.LabelledExample]) -> str:
   """What a trained model depends on, as one digest."""
   cfg = setup.experiment
-  section = setup.value if kind == "value" else setup.cot
+  section = dataclasses.asdict(setup.value if kind == "value" else setup.cot)
+  del section["checkpoint_every"]  # where progress is saved, not what
   return digest(kind, policy, cfg.model, cfg.task, cfg.seed, setup.data,
                 section, [(e.id, e.response, e.label) for e in train])
 
@@ -433,11 +438,14 @@ def _train_or_reuse(trainer: Trainer, kind: str,
   if rm is not None:
     log(f"{kind} RM: read back from {path} (trained from the same inputs)")
     return rm, True
-  rm = trainer.train_value(train) if kind == "value" else \
-      trainer.train_cot(train)
+  section = trainer.setup.value if kind == "value" else trainer.setup.cot
+  progress = Progress(path + ".progress", key, section.checkpoint_every)
+  rm = trainer.train_value(train, progress) if kind == "value" else \
+      trainer.train_cot(train, progress)
   rm = dataclasses.replace(rm, report={**rm.report, "digest": key})
   # rm.json is written last, so only a finished save carries the digest.
   store.save(path, rm, tokenizer_dir=trainer.setup.experiment.init_from_hf)
+  discard(progress.directory)
   return rm, False
 
 

@@ -13,10 +13,11 @@ repeated batches of the training units.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from kimi_jax.data.sources import check_state
 from kimi_jax.reward_models.value_model import ValueBatch
 from kimi_jax.token_rows import empty_rows
 
@@ -131,3 +132,14 @@ class ValueBatches:
   @property
   def epoch(self) -> float:
     return self._epoch + self._pos / len(self._order)
+
+  def get_state(self) -> dict[str, int]:
+    """The stream's position in units drawn (an epoch is len(units)), for
+    checkpoints (`kimi_jax.step_loop`)."""
+    return {"position": self._epoch * len(self.units) + self._pos,
+            "seed": self.seed, "size": len(self.units)}
+
+  def set_state(self, state: Mapping[str, Any]) -> None:
+    check_state(state, self.seed, len(self.units), what="value RM units")
+    self._epoch, self._pos = divmod(int(state["position"]), len(self.units))
+    self._order = self._shuffle(self._epoch)

@@ -24,12 +24,15 @@ from kimi_jax.reward_models import value_model
 from kimi_jax.reward_models.value_data import (Scored, Unit, ValueBatches,
                                                pack_units)
 from kimi_jax.sharding import Sharder, batch_shardings, place_batch
+from kimi_jax.step_loop import Progress, run_steps
 
 
 @dataclasses.dataclass(frozen=True)
 class ValueTrainConfig:
   """`config.rm_value`: loss "bce" or "bradley_terry"; batches of
-  `batch_rows` packed rows of `row_len` tokens; AdamW with warm-up."""
+  `batch_rows` packed rows of `row_len` tokens; AdamW with warm-up; a
+  checkpoint every `checkpoint_every` steps, which a rerun continues from
+  (`kimi_jax.step_loop`)."""
 
   loss: str = "bce"
   steps: int = 300
@@ -39,8 +42,11 @@ class ValueTrainConfig:
   warmup_steps: int = 10
   weight_decay: float = 0.0
   grad_clip: float = 1.0
+  checkpoint_every: int = 100
 
   def __post_init__(self):
+    if self.checkpoint_every < 1:
+      raise ValueError("config.rm_value.checkpoint_every must be >= 1")
     if self.loss not in value_model.LOSSES:
       raise ValueError(f"config.rm_value.loss must be one of "
                        f"{value_model.LOSSES}, got {self.loss!r}")
@@ -65,11 +71,13 @@ def state_shardings(optimizer, cfg: ModelConfig, sharder: Sharder
 
 def train(params: dict[str, Any], units: Sequence[Unit], *,
           model_cfg: ModelConfig, cfg: ValueTrainConfig, sharder: Sharder,
-          pad_id: int, seed: int, log_every: int = 50
+          pad_id: int, seed: int, log_every: int = 50,
+          progress: Progress | None = None
           ) -> tuple[dict[str, Any], list[dict[str, float]]]:
   """`cfg.steps` steps over `units`; returns new params (`params` stay
   valid) and per-step metrics (loss, accuracy or pair accuracy, grad norm,
-  epoch)."""
+  epoch) of the steps this call ran. With `progress`, a rerun continues
+  from the last checkpoint (`kimi_jax.step_loop`)."""
   optimizer = ts.make_optimizer(cfg.optimizer())
   shardings = state_shardings(optimizer, model_cfg, sharder)
   # The step donates its state: train a copy, the caller keeps `params`.
@@ -78,13 +86,14 @@ def train(params: dict[str, Any], units: Sequence[Unit], *,
   state = ts.create_state(params, optimizer, shardings)
   batches = ValueBatches(units, n_rows=cfg.batch_rows, row_len=cfg.row_len,
                          pad_id=pad_id, seed=seed)
-  first = next(batches)
+  start = batches.get_state()
+  first = next(batches)  # the batch shape the step compiles for
+  batches.set_state(start)
   loss = functools.partial(value_model.loss_fn(cfg.loss), cfg=model_cfg,
                            sharder=sharder)
   step_fn, counter = ts.jit_train_step(loss, optimizer, shardings,
                                        batch_shardings(sharder, first))
   history: list[dict[str, float]] = []
-  pending = None
   t0 = time.perf_counter()
 
   def read(step: int, metrics: Any, epoch: float) -> None:
@@ -98,18 +107,12 @@ def train(params: dict[str, Any], units: Sequence[Unit], *,
       acc = m.get("accuracy", m.get("pair_accuracy"))
       log(f"value RM step {step + 1}/{cfg.steps}: loss {m['loss']:.4f} "
           f"train acc {acc:.3f} epoch {epoch:.2f} "
-          f"({(step + 1) / (time.perf_counter() - t0):.1f} steps/s)")
+          f"({len(history) / (time.perf_counter() - t0):.1f} steps/s)")
 
-  batch = first
-  for step in range(cfg.steps):
-    state, metrics = step_fn(state, place_batch(sharder, batch))
-    if pending is not None:
-      read(*pending)
-    pending = (step, metrics, batches.epoch)
-    if step + 1 < cfg.steps:
-      batch = next(batches)
-  read(*pending)
-  if counter.count != 1:
+  state = run_steps(step_fn, state, batches, cfg.steps, sharder=sharder,
+                    shardings=shardings, read=read, progress=progress,
+                    what="value RM")
+  if counter.count > 1:
     raise AssertionError(f"value RM train step compiled {counter.count}x")
   return state.params, history
 

@@ -1,0 +1,117 @@
+"""A loop of jitted train steps that a rerun continues after a kill.
+
+The reward models' trainings (value head, CoT SFT) are plain loops: draw a
+batch, place it, step. `run_steps` is that loop, with the step's metrics
+read one step late (the host builds the next batch while the device
+works), and, given a `Progress`, an Orbax checkpoint of the parameters, the
+optimizer state and the batch stream's position every `every` steps and at
+the last. A rerun with the same `Progress.key` (a digest of everything the
+training depends on) restores the newest checkpoint and continues from its
+step, so it ends at the parameters of an uninterrupted run; a checkpoint of
+another key is deleted and training starts over.
+
+The batch stream must offer `get_state()` / `set_state(state)` (JSON).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from typing import Any, Callable, Iterator
+
+import jax
+import numpy as np
+
+from kimi_jax import checkpoint as ckpt_lib
+from kimi_jax import train_step as ts
+from kimi_jax.console import log
+from kimi_jax.sharding import Sharder, place_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+  """Where a loop keeps its checkpoints, and for which inputs."""
+
+  directory: str
+  key: str
+  every: int = 100
+
+  def __post_init__(self):
+    if self.every < 1:
+      raise ValueError(f"Progress.every must be >= 1, got {self.every}")
+
+
+def discard(directory: str) -> None:
+  """Removes a loop's checkpoints (process 0; the others share the path)."""
+  if jax.process_index() == 0:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _restore(progress: Progress, state: ts.TrainState, shardings: ts.TrainState,
+             batches: Any, what: str) -> tuple[ts.TrainState, int]:
+  """(state, first step): the newest checkpoint of `progress.key`, else the
+  given state at step 0 (a stale directory is removed)."""
+  checkpointer = ckpt_lib.Checkpointer(progress.directory, max_to_keep=1)
+  try:
+    step = checkpointer.latest_step()
+    host = checkpointer.restore_host(step) if step is not None else {}
+    if step is not None and host.get("key") == progress.key:
+      params, opt_state, _ = checkpointer.restore(
+          step, params_like=state.params, params_shardings=shardings.params,
+          opt_state_like=state.opt_state,
+          opt_state_shardings=shardings.opt_state)
+      batches.set_state(host["batches"])
+      log(f"{what}: resumed at step {step} from {progress.directory}")
+      return state.replace(
+          step=jax.device_put(np.int32(step), shardings.step),
+          params=params, opt_state=opt_state), step
+  finally:
+    checkpointer.close()
+  if step is not None:
+    discard(progress.directory)
+  return state, 0
+
+
+def run_steps(step_fn: Callable, state: ts.TrainState, batches: Iterator,
+              steps: int, *, sharder: Sharder, shardings: ts.TrainState,
+              read: Callable[[int, Any, Any], None],
+              progress: Progress | None = None, what: str = "train",
+              convert: Callable[[Any], Any] = lambda batch: batch
+              ) -> ts.TrainState:
+  """`steps` steps of `step_fn(state, placed batch)` over `batches`, each
+  batch passed through `convert` before it is placed.
+
+  read(step, device metrics, info) is called for every step in order, one
+  step late; info is the stream's `epoch` attribute at that step, if it has
+  one. With `progress`, resumes from and saves checkpoints (module doc).
+  """
+  start = 0
+  if progress is not None:
+    state, start = _restore(progress, state, shardings, batches, what)
+  checkpointer = (ckpt_lib.Checkpointer(progress.directory, max_to_keep=1)
+                  if progress is not None else None)
+  pending = None
+  try:
+    for step in range(start, steps):
+      state, metrics = step_fn(state, place_batch(sharder,
+                                                  convert(next(batches))))
+      if pending is not None:
+        read(*pending)
+      pending = (step, metrics, getattr(batches, "epoch", None))
+      done = step + 1
+      if checkpointer is not None and (done % progress.every == 0
+                                       or done == steps):
+        # Read first: a step whose loss is not finite raises before its
+        # state can be saved as progress.
+        read(*pending)
+        pending = None
+        checkpointer.save(done, params=state.params,
+                          opt_state=state.opt_state,
+                          host={"key": progress.key,
+                                "batches": batches.get_state()})
+    if pending is not None:
+      read(*pending)
+  finally:
+    if checkpointer is not None:
+      checkpointer.close()
+  return state
