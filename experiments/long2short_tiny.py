@@ -74,7 +74,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # after step 40 and the policy degenerates (pass@1 0.01 in one run).
   c.dpo = ml_collections.ConfigDict(dict(
       beta=0.1, long_ratio=1.5, steps=30, batch_pairs=32,
-      learning_rate=1e-4, warmup_steps=10, grad_clip=1.0, nll_weight=0.0))
+      learning_rate=1e-4, warmup_steps=10, grad_clip=1.0, nll_weight=0.0,
+      checkpoint_every=100))  # steps between checkpoints a rerun resumes
   # The long RL phase's settings except: length penalty 0 -> 1 from the
   # first iteration, rollout cap 60 -> 32 tokens (the longest plain chain
   # has 27).

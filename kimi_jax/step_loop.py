@@ -10,7 +10,8 @@ training depends on) restores the newest checkpoint and continues from its
 step, so it ends at the parameters of an uninterrupted run; a checkpoint of
 another key is deleted and training starts over.
 
-The batch stream must offer `get_state()` / `set_state(state)` (JSON).
+The batch stream must offer `get_state()` / `set_state(state)` (JSON);
+`Cycle` makes one of a list of batches.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 
 from kimi_jax import checkpoint as ckpt_lib
 from kimi_jax import train_step as ts
+from kimi_jax import console
 from kimi_jax.console import log
 from kimi_jax.sharding import Sharder, place_batch
 
@@ -39,6 +41,32 @@ class Progress:
   def __post_init__(self):
     if self.every < 1:
       raise ValueError(f"Progress.every must be >= 1, got {self.every}")
+
+
+class Cycle:
+  """The batches of a list, round and round; its state is the count drawn."""
+
+  def __init__(self, batches: list[Any]):
+    if not batches:
+      raise ValueError("Cycle needs at least one batch")
+    self.batches, self.position = batches, 0
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> Any:
+    batch = self.batches[self.position % len(self.batches)]
+    self.position += 1
+    return batch
+
+  def get_state(self) -> dict[str, int]:
+    return {"position": self.position, "size": len(self.batches)}
+
+  def set_state(self, state: dict[str, int]) -> None:
+    if int(state["size"]) != len(self.batches):
+      raise ValueError(f"the checkpoint's stream had {state['size']} "
+                       f"batches, this one {len(self.batches)}")
+    self.position = int(state["position"])
 
 
 def discard(directory: str) -> None:
@@ -76,10 +104,11 @@ def run_steps(step_fn: Callable, state: ts.TrainState, batches: Iterator,
               steps: int, *, sharder: Sharder, shardings: ts.TrainState,
               read: Callable[[int, Any, Any], None],
               progress: Progress | None = None, what: str = "train",
-              convert: Callable[[Any], Any] = lambda batch: batch
-              ) -> ts.TrainState:
+              convert: Callable[[Any], Any] = lambda batch: batch,
+              bar: bool = False) -> ts.TrainState:
   """`steps` steps of `step_fn(state, placed batch)` over `batches`, each
-  batch passed through `convert` before it is placed.
+  batch passed through `convert` before it is placed; `bar`: a progress
+  bar on stderr.
 
   read(step, device metrics, info) is called for every step in order, one
   step late; info is the stream's `epoch` attribute at that step, if it has
@@ -92,7 +121,8 @@ def run_steps(step_fn: Callable, state: ts.TrainState, batches: Iterator,
                   if progress is not None else None)
   pending = None
   try:
-    for step in range(start, steps):
+    for step in console.progress(range(start, steps), steps, what, bar,
+                                 initial=start):
       state, metrics = step_fn(state, place_batch(sharder,
                                                   convert(next(batches))))
       if pending is not None:

@@ -437,25 +437,34 @@ def test_two_hf_directories_merge_into_a_hf_directory(tmp_path):
 # ---- end to end -----------------------------------------------------------------
 
 
-def _micro_context(tmp_path):
+def _micro_context(tmp_path, dpo_checkpoint_every: int = 100):
   config = load_config(EXPERIMENT + ":micro")
+  config.dpo.checkpoint_every = dpo_checkpoint_every
   job_config = pipeline.job_sections(config)
   cfg = parse_config(job_config, jax.device_count())
   return pipeline.Context(job_config, cfg, l2s_config.l2s_config(config),
                           str(tmp_path))
 
 
-@pytest.mark.slow
-def test_shortest_rs_and_dpo_stages_train_on_hand_made_samples(tmp_path):
-  """The two sampling-based stages on a group with known lengths: a random
-  policy stands in for the long model (the micro pipeline's long model
-  solves nothing, so there the stages keep it untrained)."""
-  from kimi_jax.data import pointer_chase as pc
-  ctx = _micro_context(tmp_path)
-  long = str(tmp_path / "long")
+def _random_long_model(ctx) -> str:
+  long = os.path.join(ctx.workdir, "long")
   pipeline.policies.write_policy(
       long, ctx.config, transformer.init_sharded(ctx.cfg.model, 0,
                                                  ctx.tools.sharder))
+  return long
+
+
+@pytest.mark.slow
+def test_shortest_rs_and_dpo_stages_train_on_hand_made_samples(
+    tmp_path, monkeypatch, capsys):
+  """The two sampling-based stages on a group with known lengths: a random
+  policy stands in for the long model (the micro pipeline's long model
+  solves nothing, so there the stages keep it untrained). DPO killed in
+  its second step and rerun ends at the uninterrupted parameters."""
+  from kimi_jax import step_loop
+  from kimi_jax.data import pointer_chase as pc
+  ctx = _micro_context(tmp_path / "a")
+  long = _random_long_model(ctx)
   task, tok = ctx.tools.task, ctx.tools.task.tokenizer
   perm = pc.permutation(ctx.cfg.seed)
   records = list(task.train[:4])
@@ -480,6 +489,30 @@ def test_shortest_rs_and_dpo_stages_train_on_hand_made_samples(tmp_path):
   assert any(not np.array_equal(x, y) for x, y in zip(
       jax.tree.leaves(jax.device_get(trained)),
       jax.tree.leaves(jax.device_get(start))))
+
+  assert ctx.l2s.dpo.steps >= 2
+  killed = _micro_context(tmp_path / "b", dpo_checkpoint_every=1)
+  long_b = _random_long_model(killed)
+  real, calls = step_loop.place_batch, []
+
+  def kill_at_second_step(sharder, batch):
+    calls.append(1)
+    if len(calls) == 2:
+      raise KeyboardInterrupt("killed")
+    return real(sharder, batch)
+
+  with monkeypatch.context() as m:
+    m.setattr(step_loop, "place_batch", kill_at_second_step)
+    with pytest.raises(KeyboardInterrupt):
+      pipeline.stage_dpo(killed, long_b, drawn)
+  assert pipeline.policies.stage_done(killed.path("dpo")) is None
+  capsys.readouterr()
+  resumed = killed.params(pipeline.stage_dpo(killed, long_b, drawn))
+  assert "DPO: resumed at step 1" in capsys.readouterr().out
+  assert not os.path.exists(killed.path("dpo") + ".progress")
+  for x, y in zip(jax.tree.leaves(jax.device_get(resumed)),
+                  jax.tree.leaves(jax.device_get(trained))):
+    np.testing.assert_array_equal(x, y)
 
 
 @pytest.fixture

@@ -127,3 +127,13 @@ def test_value_batches_state_round_trips_across_epochs():
   with pytest.raises(Exception, match="seed"):
     value_data.ValueBatches(units, n_rows=1, row_len=8, pad_id=0,
                             seed=5).set_state(state)
+
+
+def test_cycle_state_round_trips():
+  a = step_loop.Cycle(["x", "y", "z"])
+  assert [next(a) for _ in range(4)] == ["x", "y", "z", "x"]
+  b = step_loop.Cycle(["x", "y", "z"])
+  b.set_state(a.get_state())
+  assert [next(b) for _ in range(3)] == ["y", "z", "x"]
+  with pytest.raises(ValueError, match="3 batches"):
+    step_loop.Cycle(["x"]).set_state(a.get_state())

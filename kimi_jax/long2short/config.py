@@ -118,7 +118,9 @@ class DPOConfig:
   with temperature `beta` against the frozen long model, `steps` AdamW
   steps over packed batches of at most `batch_pairs` pairs. `nll_weight`:
   weight of a per-token negative log-likelihood term on the chosen
-  responses (0: the report's plain DPO)."""
+  responses (0: the report's plain DPO). A checkpoint every
+  `checkpoint_every` steps lets a rerun continue after a kill
+  (`kimi_jax.step_loop`)."""
 
   beta: float = 0.1
   long_ratio: float = 1.5
@@ -128,10 +130,11 @@ class DPOConfig:
   warmup_steps: int = 10
   grad_clip: float = 1.0
   nll_weight: float = 0.0
+  checkpoint_every: int = 100
 
   def __post_init__(self):
     _positive("dpo", self, "beta", "steps", "batch_pairs", "learning_rate",
-              "grad_clip")
+              "grad_clip", "checkpoint_every")
     _non_negative("dpo", self, "nll_weight")
     if self.long_ratio < 1.0:
       raise ValueError(f"config.dpo.long_ratio must be >= 1, got "

@@ -41,9 +41,9 @@ from kimi_jax import job as job_lib
 from kimi_jax import metrics as metrics_lib
 from kimi_jax import sft as sft_lib
 from kimi_jax import train_step as ts
-from kimi_jax.console import log, progress
+from kimi_jax.console import log
 from kimi_jax.data import pointer_chase
-from kimi_jax.data.journal import CHUNK_PROMPTS, Journal, ModelCalls
+from kimi_jax.data.journal import CHUNK_PROMPTS, Journal, ModelCalls, digest
 from kimi_jax.experiment import ExperimentConfig, parse_config
 from kimi_jax.files import write_json
 from kimi_jax.long2short import dpo, merge, policies, report, samples
@@ -52,6 +52,7 @@ from kimi_jax.long2short.config import (SECTIONS, Long2ShortConfig,
                                         check_long2short, l2s_config)
 from kimi_jax.rl.evaluation import Evaluator
 from kimi_jax.sharding import batch_shardings, place_batch
+from kimi_jax.step_loop import Cycle, Progress, discard, run_steps
 
 RESULT_FILE = "long2short.json"
 FIGURE_FILE = "token_efficiency.png"
@@ -323,10 +324,11 @@ def stage_shortest_rs(ctx: Context, long: str, drawn: samples.Samples
 
 
 def train_dpo(ctx: Context, ref_params: Any, params: Any,
-              pairs: list[dpo.Pair], metrics: metrics_lib.MetricsWriter
-              ) -> Any:
+              pairs: list[dpo.Pair], metrics: metrics_lib.MetricsWriter,
+              resume: Progress | None = None) -> Any:
   """`dpo.steps` AdamW steps of the DPO loss against the frozen
-  `ref_params`, from `params`; returns the trained params."""
+  `ref_params`, from `params`; returns the trained params. With `resume`,
+  a rerun continues from the last checkpoint (`kimi_jax.step_loop`)."""
   cfg, d = ctx.cfg, ctx.l2s.dpo
   sharder = ctx.tools.sharder
   shards = sharder.axis_size(sharder.rule_map["batch"])
@@ -351,14 +353,10 @@ def train_dpo(ctx: Context, ref_params: Any, params: Any,
   step_fn, counter = ts.jit_train_step(loss_fn, optimizer, shardings,
                                        batch_shardings(sharder, batches[0]))
   state = ts.create_state(params, optimizer, shardings)
-  pending = None
-  for step in progress(range(d.steps), d.steps, "DPO", cfg.log.progress):
-    batch = batches[step % len(batches)]
-    state, m = step_fn(state, place_batch(sharder, batch))
-    if pending is not None:
-      _dpo_report(metrics, *pending)
-    pending = (step, m)
-  _dpo_report(metrics, *pending)
+  state = run_steps(step_fn, state, Cycle(batches), d.steps, sharder=sharder,
+                    shardings=shardings,
+                    read=lambda step, m, _: _dpo_report(metrics, step, m),
+                    progress=resume, what="DPO", bar=cfg.log.progress)
   log(f"DPO: {d.steps} steps over {len(pairs)} pairs in {len(batches)} "
       f"batches, compiled {counter.count}x")
   return state.params
@@ -383,10 +381,18 @@ def stage_dpo(ctx: Context, long: str, drawn: samples.Samples) -> str:
       os.makedirs(path, exist_ok=True)
       metrics = metrics_lib.MetricsWriter(path,
                                           enabled=jax.process_index() == 0)
+      # Checkpoints beside the stage (which restarts from nothing), keyed
+      # by everything the steps depend on.
+      d = dataclasses.asdict(ctx.l2s.dpo)
+      del d["checkpoint_every"]
+      resume = Progress(path + ".progress", digest(
+          long, d, ctx.cfg.seed, ctx.cfg.model, ctx.cfg.sft.seq_len, pairs),
+          ctx.l2s.dpo.checkpoint_every)
       params = _timed(ctx, "dpo", lambda: train_dpo(
-          ctx, ctx.params(long), ctx.params(long), pairs, metrics))
+          ctx, ctx.params(long), ctx.params(long), pairs, metrics, resume))
       metrics.close()
       policies.write_policy(path, ctx.config, params)
+      discard(resume.directory)
       record["seconds"] = ctx.seconds["dpo"]
     else:
       record["untrained"] = _untrained(ctx, path, long, "dpo", (
