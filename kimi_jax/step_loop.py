@@ -70,9 +70,14 @@ class Cycle:
 
 
 def discard(directory: str) -> None:
-  """Removes a loop's checkpoints (process 0; the others share the path)."""
+  """Removes a loop's checkpoints. Every process calls it: process 0
+  deletes (they share the path) and the others wait for it, so none opens
+  the directory while it goes."""
   if jax.process_index() == 0:
     shutil.rmtree(directory, ignore_errors=True)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(f"discard {directory}")
 
 
 def _restore(progress: Progress, state: ts.TrainState, shardings: ts.TrainState,
@@ -95,8 +100,7 @@ def _restore(progress: Progress, state: ts.TrainState, shardings: ts.TrainState,
           params=params, opt_state=opt_state), step
   finally:
     checkpointer.close()
-  if step is not None:
-    discard(progress.directory)
+  discard(progress.directory)  # another run's progress, if any
   return state, 0
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import time
 from typing import Any, Sequence
 
@@ -423,8 +422,7 @@ def finished_model(path: str, key: str, sharder: Sharder
     meta = None
   if meta is not None and meta.get("report", {}).get("digest") == key:
     return store.load(path, sharder)
-  if os.path.exists(path) and jax.process_index() == 0:
-    shutil.rmtree(path)
+  discard(path)
   return None
 
 
