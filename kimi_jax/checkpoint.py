@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,13 +83,24 @@ class Checkpointer:
         _abstract(params_like, params_shardings)),
              "host": ocp.args.JsonRestore()}
     want_opt = opt_state_like is not None and "opt_state" in (
-        self._manager.item_metadata(step) or {})
+        self._item_names(step))
     if want_opt:
       items["opt_state"] = ocp.args.StandardRestore(
           _abstract(opt_state_like, opt_state_shardings))
     out = self._manager.restore(step, args=ocp.args.Composite(**items))
     return out["params"], (out["opt_state"] if want_opt else None), dict(
         out["host"])
+
+  def _item_names(self, step: int) -> set[str]:
+    """The items saved at `step`. Orbax warns that each array item "could
+    not be restored" when only its metadata is read; that is all we ask,
+    so the warnings are held back."""
+    level = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    try:
+      return set(self._manager.item_metadata(step) or {})
+    finally:
+      absl_logging.set_verbosity(level)
 
   def restore_host(self, step: int | None = None) -> dict:
     step = self.latest_step() if step is None else step

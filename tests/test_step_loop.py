@@ -137,3 +137,33 @@ def test_cycle_state_round_trips():
   assert [next(b) for _ in range(3)] == ["y", "z", "x"]
   with pytest.raises(ValueError, match="3 batches"):
     step_loop.Cycle(["x"]).set_state(a.get_state())
+
+
+def test_checkpoint_restore_is_quiet_and_finds_the_optimizer_state(
+    tmp_path, caplog):
+  """Restoring asks Orbax which items a step holds; that must not log its
+  "could not be restored" warnings, and a step saved without an optimizer
+  state restores none."""
+  import logging
+  from kimi_jax.checkpoint import Checkpointer
+  device = jax.devices()[0]
+  put = lambda x: jax.device_put(np.asarray(x, np.float32), device)
+  params, opt = {"w": put([1.0, 2.0])}, {"m": put([3.0, 4.0])}
+  shardings = {"w": params["w"].sharding}
+  saver = Checkpointer(str(tmp_path / "c"), max_to_keep=2)
+  saver.save(1, params=params, host={"n": 1}, opt_state=opt)
+  saver.save(2, params=params, host={"n": 2})
+  saver.close()
+  reader = Checkpointer(str(tmp_path / "c"))
+  with caplog.at_level(logging.WARNING):
+    got_p, got_o, host = reader.restore(
+        1, params_like=params, params_shardings=shardings,
+        opt_state_like=opt, opt_state_shardings={"m": shardings["w"]})
+    _, none, host2 = reader.restore(
+        2, params_like=params, params_shardings=shardings,
+        opt_state_like=opt, opt_state_shardings={"m": shardings["w"]})
+  reader.close()
+  assert "could not be restored" not in caplog.text
+  np.testing.assert_array_equal(np.asarray(got_o["m"]), [3.0, 4.0])
+  np.testing.assert_array_equal(np.asarray(got_p["w"]), [1.0, 2.0])
+  assert none is None and host == {"n": 1} and host2 == {"n": 2}
