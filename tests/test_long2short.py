@@ -509,6 +509,10 @@ def test_shortest_rs_and_dpo_stages_train_on_hand_made_samples(
   capsys.readouterr()
   resumed = killed.params(pipeline.stage_dpo(killed, long_b, drawn))
   assert "DPO: resumed at step 1" in capsys.readouterr().out
+  # The killed run's row of step 1 is kept, step 2 is the resumed run's.
+  rows = [json.loads(line) for line in open(os.path.join(
+      killed.path("dpo"), "metrics.jsonl"))]
+  assert [r["step"] for r in rows if r["stage"] == "dpo"] == [1, 2]
   assert not os.path.exists(killed.path("dpo") + ".progress")
   for x, y in zip(jax.tree.leaves(jax.device_get(resumed)),
                   jax.tree.leaves(jax.device_get(trained))):

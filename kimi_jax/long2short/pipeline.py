@@ -31,7 +31,7 @@ import json
 import os
 import shutil
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import ml_collections
@@ -325,10 +325,13 @@ def stage_shortest_rs(ctx: Context, long: str, drawn: samples.Samples
 
 def train_dpo(ctx: Context, ref_params: Any, params: Any,
               pairs: list[dpo.Pair], metrics: metrics_lib.MetricsWriter,
-              resume: Progress | None = None) -> Any:
+              resume: Progress | None = None,
+              earlier_rows: Sequence[dict] = ()) -> Any:
   """`dpo.steps` AdamW steps of the DPO loss against the frozen
   `ref_params`, from `params`; returns the trained params. With `resume`,
-  a rerun continues from the last checkpoint (`kimi_jax.step_loop`)."""
+  a rerun continues from the last checkpoint (`kimi_jax.step_loop`), and
+  the `earlier_rows` (the killed run's metrics) of the steps it does not
+  repeat are written again before the new ones."""
   cfg, d = ctx.cfg, ctx.l2s.dpo
   sharder = ctx.tools.sharder
   shards = sharder.axis_size(sharder.rule_map["batch"])
@@ -353,10 +356,23 @@ def train_dpo(ctx: Context, ref_params: Any, params: Any,
   step_fn, counter = ts.jit_train_step(loss_fn, optimizer, shardings,
                                        batch_shardings(sharder, batches[0]))
   state = ts.create_state(params, optimizer, shardings)
+  earlier = list(earlier_rows)
+
+  def keep_earlier(first_step: int) -> None:
+    for row in earlier:
+      if row["step"] <= first_step:
+        metrics.write(row["step"], "dpo", {
+            k: v for k, v in row.items() if k not in ("stage", "step")})
+    earlier.clear()
+
+  def read(step: int, m: Any, _) -> None:
+    keep_earlier(step)
+    _dpo_report(metrics, step, m)
+
   state = run_steps(step_fn, state, Cycle(batches), d.steps, sharder=sharder,
-                    shardings=shardings,
-                    read=lambda step, m, _: _dpo_report(metrics, step, m),
-                    progress=resume, what="DPO", bar=cfg.log.progress)
+                    shardings=shardings, read=read, progress=resume,
+                    what="DPO", bar=cfg.log.progress)
+  keep_earlier(d.steps)  # a rerun that found every step done
   log(f"DPO: {d.steps} steps over {len(pairs)} pairs in {len(batches)} "
       f"batches, compiled {counter.count}x")
   return state.params
@@ -373,6 +389,9 @@ def _dpo_report(metrics: metrics_lib.MetricsWriter, step: int, m) -> None:
 def stage_dpo(ctx: Context, long: str, drawn: samples.Samples) -> str:
   path = ctx.path("dpo")
   if policies.stage_done(path) is None:
+    # A killed DPO run's metrics: kept for the steps a resume skips.
+    earlier = [r for r in metrics_lib.read_jsonl(
+        os.path.join(path, "metrics.jsonl")) if r.get("stage") == "dpo"]
     _fresh(path)
     pairs = dpo.all_pairs(drawn, long_ratio=ctx.l2s.dpo.long_ratio)
     record = {"pairs": len(pairs), "prompts": drawn.n_prompts}
@@ -389,7 +408,8 @@ def stage_dpo(ctx: Context, long: str, drawn: samples.Samples) -> str:
           long, d, ctx.cfg.seed, ctx.cfg.model, ctx.cfg.sft.seq_len, pairs),
           ctx.l2s.dpo.checkpoint_every)
       params = _timed(ctx, "dpo", lambda: train_dpo(
-          ctx, ctx.params(long), ctx.params(long), pairs, metrics, resume))
+          ctx, ctx.params(long), ctx.params(long), pairs, metrics, resume,
+          earlier))
       metrics.close()
       policies.write_policy(path, ctx.config, params)
       discard(resume.directory)
