@@ -8,7 +8,9 @@ evaluated on the same held-out problems.
 
 Writes WORKDIR/long2short.json (one record per method: pass@1, greedy
 accuracy, mean and p90 response tokens) and WORKDIR/token_efficiency.png.
-Rerun with the same --workdir to continue: finished stages are skipped.
+Rerun with the same --workdir to continue: finished stages are skipped, and
+an interrupted one continues from its checkpoints (the main-job stages, DPO
+every config.dpo.checkpoint_every steps) or journal (the samples).
 Stages and files: docs/long2short.md.
 """
 

@@ -12,7 +12,11 @@ on the labels, and both are judged on held-out prompts. Writes
 WORKDIR/value, WORKDIR/cot (reward-model directories for
 config.reward_model.path), WORKDIR/labelled/*.jsonl and WORKDIR/rm_eval.json
 (accuracy, precision, recall against the verifier; the verifier against
-config.rm_data.hand_labelled when set). See docs/rewards.md.
+config.rm_data.hand_labelled when set). Rerun the same command after a
+kill to resume: finished labelling chunks and models are read back, and a
+model's training continues from its last checkpoint
+(config.rm_value.checkpoint_every / config.rm_cot.checkpoint_every steps).
+See docs/rewards.md.
 """
 
 import json
