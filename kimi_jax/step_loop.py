@@ -69,6 +69,23 @@ class Cycle:
     self.position = int(state["position"])
 
 
+def peek(batches: Any) -> Any:
+  """The stream's next batch, the stream left where it was (the step is
+  compiled for that batch's shape before the loop draws it)."""
+  start = batches.get_state()
+  first = next(batches)
+  batches.set_state(start)
+  return first
+
+
+def settings_key(section: Any) -> dict[str, Any]:
+  """A config section (dataclass) for a `Progress.key`, without its
+  `checkpoint_every`: that says where progress is saved, not what."""
+  out = dataclasses.asdict(section)
+  del out["checkpoint_every"]
+  return out
+
+
 def discard(directory: str) -> None:
   """Removes a loop's checkpoints. Every process calls it: process 0
   deletes (they share the path) and the others wait for it, so none opens

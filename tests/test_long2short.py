@@ -461,7 +461,7 @@ def test_shortest_rs_and_dpo_stages_train_on_hand_made_samples(
   policy stands in for the long model (the micro pipeline's long model
   solves nothing, so there the stages keep it untrained). DPO killed in
   its second step and rerun ends at the uninterrupted parameters."""
-  from kimi_jax import step_loop
+  from tests.kill import kill_at_placement
   from kimi_jax.data import pointer_chase as pc
   ctx = _micro_context(tmp_path / "a")
   long = _random_long_model(ctx)
@@ -493,16 +493,8 @@ def test_shortest_rs_and_dpo_stages_train_on_hand_made_samples(
   assert ctx.l2s.dpo.steps >= 2
   killed = _micro_context(tmp_path / "b", dpo_checkpoint_every=1)
   long_b = _random_long_model(killed)
-  real, calls = step_loop.place_batch, []
-
-  def kill_at_second_step(sharder, batch):
-    calls.append(1)
-    if len(calls) == 2:
-      raise KeyboardInterrupt("killed")
-    return real(sharder, batch)
-
   with monkeypatch.context() as m:
-    m.setattr(step_loop, "place_batch", kill_at_second_step)
+    kill_at_placement(m, 2)  # in DPO's second step
     with pytest.raises(KeyboardInterrupt):
       pipeline.stage_dpo(killed, long_b, drawn)
   assert pipeline.policies.stage_done(killed.path("dpo")) is None

@@ -500,20 +500,12 @@ def test_rm_tiny_micro_study_end_to_end(tmp_path, monkeypatch, capsys):
   # sampling back and continues the SFT from its last checkpoint.
   changed.rm_cot.steps += 2
   changed.rm_cot.checkpoint_every = 4
-  crash_at = changed.rm_cot.seed_steps + 7  # the final SFT's 7th step
-  from kimi_jax import step_loop
-  real, calls = step_loop.place_batch, []
-
-  def crash(sharder, batch):
-    calls.append(1)
-    if len(calls) == crash_at:
-      raise KeyboardInterrupt("killed")
-    return real(sharder, batch)
-
-  monkeypatch.setattr(step_loop, "place_batch", crash)
-  with pytest.raises(KeyboardInterrupt):
-    rerun(changed)
-  monkeypatch.setattr(step_loop, "place_batch", real)
+  from tests.kill import kill_at_placement
+  with monkeypatch.context() as m:
+    # The final SFT's 7th step.
+    kill_at_placement(m, changed.rm_cot.seed_steps + 7)
+    with pytest.raises(KeyboardInterrupt):
+      rerun(changed)
   capsys.readouterr()
   fourth = rerun(changed)
   out = capsys.readouterr().out

@@ -15,6 +15,7 @@ from kimi_jax.model.config import ModelConfig
 from kimi_jax.reward_models import cot_train, value_data, value_model
 from kimi_jax.reward_models import value_train
 from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
+from tests.kill import kill_at_placement
 
 CFG = ModelConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4,
                   n_kv_heads=2, head_dim=8, mlp_dim=32, qkv_bias=True,
@@ -57,20 +58,6 @@ def _cot(sharder, progress):
                        progress=progress)
 
 
-def _crash_at(monkeypatch, n_calls: int):
-  """The n-th batch placement raises, as a kill between steps would stop
-  the loop (the real placement runs before that)."""
-  real, calls = step_loop.place_batch, []
-
-  def place(sharder, batch):
-    calls.append(1)
-    if len(calls) == n_calls:
-      raise Crash(f"crash at placement {n_calls}")
-    return real(sharder, batch)
-
-  monkeypatch.setattr(step_loop, "place_batch", place)
-
-
 def _leaves(params):
   return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(params))]
 
@@ -85,7 +72,8 @@ def test_a_crashed_training_resumes_to_the_uninterrupted_params(
 
   progress = step_loop.Progress(str(tmp_path / "p"), key="inputs A", every=2)
   with monkeypatch.context() as m:
-    _crash_at(m, 6)  # steps 1-5 ran; the last checkpoint is step 4's
+    # Steps 1-5 ran; the last checkpoint is step 4's.
+    kill_at_placement(m, 6, Crash)
     with pytest.raises(Crash):
       train(sharder, progress)
   resumed, hist = train(sharder, progress)

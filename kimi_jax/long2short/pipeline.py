@@ -52,7 +52,8 @@ from kimi_jax.long2short.config import (SECTIONS, Long2ShortConfig,
                                         check_long2short, l2s_config)
 from kimi_jax.rl.evaluation import Evaluator
 from kimi_jax.sharding import batch_shardings, place_batch
-from kimi_jax.step_loop import Cycle, Progress, discard, run_steps
+from kimi_jax.step_loop import (Cycle, Progress, discard, run_steps,
+                                settings_key)
 
 RESULT_FILE = "long2short.json"
 FIGURE_FILE = "token_efficiency.png"
@@ -402,11 +403,9 @@ def stage_dpo(ctx: Context, long: str, drawn: samples.Samples) -> str:
                                           enabled=jax.process_index() == 0)
       # Checkpoints beside the stage (which restarts from nothing), keyed
       # by everything the steps depend on.
-      d = dataclasses.asdict(ctx.l2s.dpo)
-      del d["checkpoint_every"]
       resume = Progress(path + ".progress", digest(
-          long, d, ctx.cfg.seed, ctx.cfg.model, ctx.cfg.sft.seq_len, pairs),
-          ctx.l2s.dpo.checkpoint_every)
+          long, settings_key(ctx.l2s.dpo), ctx.cfg.seed, ctx.cfg.model,
+          ctx.cfg.sft.seq_len, pairs), ctx.l2s.dpo.checkpoint_every)
       params = _timed(ctx, "dpo", lambda: train_dpo(
           ctx, ctx.params(long), ctx.params(long), pairs, metrics, resume,
           earlier))

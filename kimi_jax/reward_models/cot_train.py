@@ -39,7 +39,7 @@ from kimi_jax.reward_models import cot_model
 from kimi_jax.reward_models.labelled import LabelledExample
 from kimi_jax.sampler import handoff
 from kimi_jax.sharding import Sharder, batch_shardings
-from kimi_jax.step_loop import Progress, run_steps
+from kimi_jax.step_loop import Progress, peek, run_steps
 from kimi_jax.token_rows import TokenRows
 
 
@@ -108,9 +108,7 @@ def sft(params: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
   batches = PackedBatches(list(pairs), lambda p: pair_example(*p),
                           n_rows=cfg.batch_rows, row_len=cfg.row_len,
                           pad_id=pad_id, seed=seed)
-  start = batches.get_state()
-  first = as_rows(next(batches))  # the batch shape the step compiles for
-  batches.set_state(start)
+  first = as_rows(peek(batches))
   loss = functools.partial(ts.cross_entropy_loss, cfg=model_cfg,
                            sharder=sharder)
   step_fn, _ = ts.jit_train_step(loss, optimizer, shardings,

@@ -56,7 +56,7 @@ from kimi_jax.sampler import handoff
 from kimi_jax.sampler.driver import Sampler
 from kimi_jax.sampler.engine import Engine, EngineConfig
 from kimi_jax.sharding import Sharder, make_mesh
-from kimi_jax.step_loop import Progress, discard
+from kimi_jax.step_loop import Progress, discard, settings_key
 
 MODELS = ("value", "cot")
 EVAL_FILE = "rm_eval.json"
@@ -115,6 +115,10 @@ class RMTrainSetup:
   data: RMDataConfig
   value: value_train.ValueTrainConfig
   cot: cot_train.CotTrainConfig
+
+  def section(self, kind: str) -> Any:
+    """The training section of reward model `kind` ("value" or "cot")."""
+    return self.value if kind == "value" else self.cot
 
 
 def parse(config: ml_collections.ConfigDict) -> RMTrainSetup:
@@ -405,10 +409,9 @@ def training_digest(setup: RMTrainSetup, policy: str, kind: str,
                     train: Sequence[labelled.LabelledExample]) -> str:
   """What a trained model depends on, as one digest."""
   cfg = setup.experiment
-  section = dataclasses.asdict(setup.value if kind == "value" else setup.cot)
-  del section["checkpoint_every"]  # where progress is saved, not what
   return digest(kind, policy, cfg.model, cfg.task, cfg.seed, setup.data,
-                section, [(e.id, e.response, e.label) for e in train])
+                settings_key(setup.section(kind)),
+                [(e.id, e.response, e.label) for e in train])
 
 
 def finished_model(path: str, key: str, sharder: Sharder
@@ -436,8 +439,8 @@ def _train_or_reuse(trainer: Trainer, kind: str,
   if rm is not None:
     log(f"{kind} RM: read back from {path} (trained from the same inputs)")
     return rm, True
-  section = trainer.setup.value if kind == "value" else trainer.setup.cot
-  progress = Progress(path + ".progress", key, section.checkpoint_every)
+  progress = Progress(path + ".progress", key,
+                      trainer.setup.section(kind).checkpoint_every)
   rm = trainer.train_value(train, progress) if kind == "value" else \
       trainer.train_cot(train, progress)
   rm = dataclasses.replace(rm, report={**rm.report, "digest": key})

@@ -24,7 +24,7 @@ from kimi_jax.reward_models import value_model
 from kimi_jax.reward_models.value_data import (Scored, Unit, ValueBatches,
                                                pack_units)
 from kimi_jax.sharding import Sharder, batch_shardings, place_batch
-from kimi_jax.step_loop import Progress, run_steps
+from kimi_jax.step_loop import Progress, peek, run_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +86,7 @@ def train(params: dict[str, Any], units: Sequence[Unit], *,
   state = ts.create_state(params, optimizer, shardings)
   batches = ValueBatches(units, n_rows=cfg.batch_rows, row_len=cfg.row_len,
                          pad_id=pad_id, seed=seed)
-  start = batches.get_state()
-  first = next(batches)  # the batch shape the step compiles for
-  batches.set_state(start)
+  first = peek(batches)
   loss = functools.partial(value_model.loss_fn(cfg.loss), cfg=model_cfg,
                            sharder=sharder)
   step_fn, counter = ts.jit_train_step(loss, optimizer, shardings,
