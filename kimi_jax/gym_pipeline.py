@@ -359,6 +359,16 @@ def small_curated_set(kept: int, prompts_per_iteration: int) -> str | None:
           f"problems (gym.size) give RL more to learn from")
 
 
+def verifier_mismatch(data_reward: str, task_reward: str) -> str | None:
+  """A warning when the data stages (curation's pass rates, the warm-up's
+  rejection sampling) verify with another reward than RL and evaluation."""
+  if data_reward == task_reward:
+    return None
+  return (f"curation and warm-up verify with config.reward.name="
+          f"{data_reward!r}, RL and evaluation with config.task.reward="
+          f"{task_reward!r}; set both to judge the data and the policy alike")
+
+
 def _train(config: ml_collections.ConfigDict, workdir: str,
            init_from: str | None = None) -> dict:
   done = policies.stage_done(workdir)
@@ -487,6 +497,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     seconds[name] = round(time.perf_counter() - t, 1)
     return out
 
+  warning = verifier_mismatch(str(config.reward.name),
+                              str(config.task.reward))
+  if warning:
+    log(f"gym pipeline: warning: {warning}")
   data, vanilla = first_stages(config, paths, timed)
   cache: dict[str, Any] = {}
 

@@ -8,7 +8,9 @@ docs/curation.md).
 K responses per prompt (--config.warmup.samples) under a template that
 asks for planning, evaluation, reflection and exploration; the responses
 the reward (--config.reward.name) verifies are kept (all up to
-warmup.max_per_prompt, or the shortest) and written as SFT rows
+warmup.max_per_prompt, or the shortest; --config.warmup.accept=score also
+rejects right answers that a process check such as reasoning_gym_steps
+scores 0) and written as SFT rows
 {prompt, response} that --config.sft.train_path of the main job reads. The
 report gives the acceptance rate overall and per tag, and examples.
 Finished chunks of prompts are journaled as they finish (--journal), so a

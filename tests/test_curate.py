@@ -737,6 +737,40 @@ def test_rejection_sampling_keeps_exactly_the_verified_responses():
       f"<answer>{records[i]['answer']}</answer>" for i in (0, 1)]
 
 
+def test_warmup_accept_score_drops_right_answers_after_a_wrong_step():
+  from kimi_jax.data.gym_solutions import solution
+  from kimi_jax.rewards.registry import make_reward
+  records = make_records("chain_sum", size=2, seed=0, min_terms=3,
+                         max_terms=3, min_digits=1, max_digits=1)
+  by_prompt = {}
+  for r in records:
+    good = solution(r, "cot")
+    first = good.split("\n")[0]
+    a, op, b, _, value = first.split()
+    lucky = good.replace(first, f"{a} {op} {b} = {int(value) + 1}", 1)
+    by_prompt[r["prompt"]] = [lucky, good]
+
+  def answer_for(prompt, j):
+    return by_prompt[prompt.split("\n\nSolve this carefully")[0]][j]
+
+  def rows(accept):
+    result = warmup.rejection_sample(
+        records, warmup.WarmupConfig(samples=2, max_per_prompt=2,
+                                     accept=accept),
+        policy=TablePolicy(answer_for),
+        reward=make_reward("reasoning_gym_steps"))
+    return [row["response"] for row in result.rows], result.report()
+
+  answers, report = rows("answer")
+  assert answers == [x for r in records for x in by_prompt[r["prompt"]]]
+  assert report["acceptance_rate"] == 1.0
+  paths, report = rows("score")
+  assert paths == [by_prompt[r["prompt"]][1] for r in records]
+  assert report["acceptance_rate"] == 0.5
+  with pytest.raises(ValueError, match="warmup.accept"):
+    warmup.WarmupConfig(accept="steps")
+
+
 def test_warmup_rows_are_what_the_sft_stage_reads(tmp_path):
   from kimi_jax.data import records as records_lib
   rows = [{"id": "a#warmup0", "prompt": "p", "response": "r", "tags": []}]

@@ -179,6 +179,14 @@ def test_config_errors_name_the_key():
     parse_config(config)
 
 
+def test_verifier_mismatch_names_both_keys():
+  assert gym_pipeline.verifier_mismatch("reasoning_gym", "reasoning_gym") is None
+  warning = gym_pipeline.verifier_mismatch("reasoning_gym",
+                                           "reasoning_gym_steps")
+  assert "config.reward.name='reasoning_gym'" in warning
+  assert "config.task.reward='reasoning_gym_steps'" in warning
+
+
 def test_small_curated_set_warns_below_one_iteration():
   assert gym_pipeline.small_curated_set(32, 32) is None
   warning = gym_pipeline.small_curated_set(10, 32)

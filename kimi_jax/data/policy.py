@@ -42,18 +42,32 @@ class Policy(Protocol):
     ...
 
 
+ACCEPT = ("answer", "score")
+
+
+def verified(result: Any, accept: str = "answer") -> bool:
+  """Whether a scored response passes: "answer" reads the answer's verdict
+  alone; "score" also needs a positive score, so a process check that
+  scores a right answer reached through a wrong step 0 (reasoning_gym_steps)
+  rejects it."""
+  if accept not in ACCEPT:
+    raise ValueError(f"accept must be one of {ACCEPT}, got {accept!r}")
+  return bool(result.correct) and (accept == "answer" or result.score > 0)
+
+
 def sample_verified(policy: Policy, reward: RewardFn,
                     items: Sequence[tuple[Mapping[str, Any], str]], n: int,
-                    **sample_kwargs: Any
+                    accept: str = "answer", **sample_kwargs: Any
                     ) -> list[tuple[list[str], list[bool]]]:
-  """(responses, verified-correct flags) for each (record, prompt text):
-  n samples of `policy.sample(..., **sample_kwargs)`, scored by `reward`."""
+  """(responses, verified flags; see `verified`) for each (record, prompt
+  text): n samples of `policy.sample(..., **sample_kwargs)`, scored by
+  `reward`."""
   texts = policy.sample([p for _, p in items], n, **sample_kwargs)
   flat_records = [r for (r, _), t in zip(items, texts) for _ in t]
   scored = score_all(reward, flat_records, [x for t in texts for x in t])
   out, k = [], 0
   for t in texts:
-    out.append((list(t), [s.correct for s in scored[k:k + len(t)]]))
+    out.append((list(t), [verified(s, accept) for s in scored[k:k + len(t)]]))
     k += len(t)
   return out
 

@@ -6,7 +6,10 @@ verified reasoning paths." For every curated prompt the model answers K
 times through a prompt template that asks for the four behaviours the
 report names (planning, evaluation, reflection, exploration); each response
 is verified with the task's reward and only correct ones are kept: all of
-them up to `max_per_prompt`, or the shortest (`keep="shortest"`).
+them up to `max_per_prompt`, or the shortest (`keep="shortest"`). With
+`accept="score"` a response also needs a positive score, so a reward that
+checks the reasoning as well as the answer (reasoning_gym_steps) keeps
+only verified paths, not lucky answers after a wrong step.
 
 The SFT rows pair the *plain* prompt (as RL will pose it) with the response
 written under the engineered template: the model learns to reason that way
@@ -21,7 +24,7 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from kimi_jax.data import journal as journal_lib
-from kimi_jax.data.policy import Policy, sample_verified
+from kimi_jax.data.policy import ACCEPT, Policy, sample_verified
 from kimi_jax.rewards.base import RewardFn
 
 LONG_COT_TEMPLATE = (
@@ -49,6 +52,11 @@ class WarmupConfig:
   prompt_field: str = "prompt"
   tags_field: str = "tags"
   seed: int = 0
+  # "answer": keep responses whose answer is right; "score": also need a
+  # positive score, which a process check withholds from a right answer
+  # after a wrong step (ours; report 2.2 asks for "accurately verified
+  # reasoning paths").
+  accept: str = "answer"
   # Prompts per model call; each finished chunk is kept in the journal, so
   # a killed run resumes there (ours).
   chunk_prompts: int = journal_lib.CHUNK_PROMPTS
@@ -56,6 +64,9 @@ class WarmupConfig:
   def __post_init__(self):
     if "{prompt}" not in self.template:
       raise ValueError("warmup.template must contain {prompt}")
+    if self.accept not in ACCEPT:
+      raise ValueError(f"warmup.accept must be one of {ACCEPT}, got "
+                       f"{self.accept!r}")
     if self.keep not in KEEP:
       raise ValueError(f"warmup.keep must be one of {KEEP}, got "
                        f"{self.keep!r}")
@@ -125,7 +136,7 @@ def rejection_sample(records: Sequence[Mapping[str, Any]], cfg: WarmupConfig,
   def verified(chunk: Sequence[tuple[Mapping[str, Any], str]], start: int
                ) -> list[tuple[list[str], list[bool]]]:
     return sample_verified(policy, reward, chunk, cfg.samples,
-                           temperature=cfg.temperature,
+                           accept=cfg.accept, temperature=cfg.temperature,
                            max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                            first_index=start)
 
@@ -133,6 +144,8 @@ def rejection_sample(records: Sequence[Mapping[str, Any]], cfg: WarmupConfig,
   settings = dict(step="warmup", samples=cfg.samples,
                   temperature=cfg.temperature,
                   max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+  if cfg.accept != "answer":  # journals written before the option still match
+    settings["accept"] = cfg.accept
   calls = journal_lib.ModelCalls(cfg.chunk_prompts, journal, progress)
   answers = calls.map(items, items, verified, key=settings,
                       desc="warm-up")
