@@ -16,7 +16,10 @@ standard deviation.
 Runs of different seeds never share a file, so sweeps over disjoint seed
 ranges (`first_seed`) may run at the same time on one workdir, e.g. one
 process per seed on a machine with more cores; `--aggregate_only` then
-aggregates them all.
+aggregates them all. Processes over different arms (`--arms`) of one seed
+share that seed's warm start: the first to reach it runs it while the
+others wait on its lock (kimi_jax/workdir_lock.py), then reuse it. Two
+processes given the same run stop the second with a workdir error.
 
 Shared warm start: when no arm changes anything the warm start reads (only
 `rl.*` and `prompt_sampling.*` keys that the evaluation and the replay buffer
@@ -53,6 +56,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import ml_collections
 import numpy as np
 
+from kimi_jax import workdir_lock
 from kimi_jax.config import ConfigError, set_key
 from kimi_jax.files import write_json
 
@@ -352,9 +356,11 @@ def run_sweep(ablation: Ablation, workdir: str, seeds: int, *,
     elif share and not os.path.isdir(os.path.join(run.workdir,
                                                   "checkpoints")):
       source = os.path.join(workdir, WARM_START_DIR, f"seed{run.seed}")
-      if not os.path.exists(os.path.join(source, SUMMARY)):
-        log(f"[warm start seed{run.seed}] {source}")
-        run_fn(ablation.warm_start_config(run.seed), source)
+      # Processes for other arms of this seed wait here, then reuse it.
+      with workdir_lock.held(source, wait=True):
+        if not os.path.exists(os.path.join(source, SUMMARY)):
+          log(f"[warm start seed{run.seed}] {source}")
+          run_fn(ablation.warm_start_config(run.seed), source)
       seed_warm_start(source, run.workdir, _warm_start_step(config))
     log(f"[{i + 1}/{len(todo)}] {run.arm} {ablation.seed_key}={run.seed} "
         f"-> {run.workdir}")
@@ -372,10 +378,11 @@ def _share_first_stages(ablation: Ablation, workdir: str, run: Run,
   if gym_pipeline.first_stages_done(run.workdir):
     return  # a resumed run
   source = os.path.join(workdir, WARM_START_DIR, f"seed{run.seed}")
-  if not gym_pipeline.first_stages_done(source):
-    log(f"[data and vanilla SFT seed{run.seed}] {source}")
-    gym_pipeline.run_first_stages(ablation.warm_start_config(run.seed),
-                                  source)
+  with workdir_lock.held(source, wait=True):  # as for the warm start
+    if not gym_pipeline.first_stages_done(source):
+      log(f"[data and vanilla SFT seed{run.seed}] {source}")
+      gym_pipeline.run_first_stages(ablation.warm_start_config(run.seed),
+                                    source)
   gym_pipeline.copy_first_stages(source, run.workdir)
 
 

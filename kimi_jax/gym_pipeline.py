@@ -43,6 +43,7 @@ import jax
 import ml_collections
 
 from kimi_jax import job as job_lib
+from kimi_jax import workdir_lock
 from kimi_jax.config import ConfigError, to_dataclass
 from kimi_jax.console import log
 from kimi_jax.data import curate as curate_lib
@@ -458,7 +459,8 @@ def copy_first_stages(source: str, target: str) -> None:
   for name in ("tokenizer", "vanilla"):
     # Whole or not at all: what a killed copy left is replaced.
     shutil.rmtree(getattr(dst, name), ignore_errors=True)
-    shutil.copytree(getattr(src, name), getattr(dst, name))
+    shutil.copytree(getattr(src, name), getattr(dst, name),
+                    ignore=shutil.ignore_patterns(workdir_lock.LOCK_NAME))
   config_path = os.path.join(dst.vanilla, "config.json")
   with open(config_path) as f:
     config = json.load(f)
@@ -480,8 +482,10 @@ def repoint(node: Any, old: str, new: str) -> Any:
   return node
 
 
+@workdir_lock.exclusive
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Every stage (finished ones skipped); returns W/summary.json's content."""
+  """Every stage (finished ones skipped); returns W/summary.json's content.
+  A second job on the same workdir stops with `WorkdirBusyError`."""
   t0 = time.perf_counter()
   check(config)
   from kimi_jax.data import tools_config

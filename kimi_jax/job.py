@@ -35,6 +35,7 @@ from kimi_jax import checkpoint as ckpt_lib
 from kimi_jax import metrics as metrics_lib
 from kimi_jax import sft as sft_lib
 from kimi_jax import train_step as ts
+from kimi_jax import workdir_lock
 from kimi_jax.config import ConfigError
 from kimi_jax.console import log, progress
 from kimi_jax.data import tasks as tasks_lib
@@ -360,6 +361,7 @@ def _save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     f.write(config.to_json_best_effort(indent=2))
 
 
+@workdir_lock.exclusive
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        explicit_model: Iterable[str] = (),
                        init_params: Callable[[Job], Any] | None = None
@@ -372,6 +374,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   init_params: `fn(job) -> params` that a new run starts from instead of
   the config's own init (a second RL phase from an earlier run's policy,
   kimi_jax/long2short); a resumed run takes its checkpoint as always.
+  A second job on the same workdir stops with `WorkdirBusyError`
+  (kimi_jax/workdir_lock.py).
   """
   cfg = parse_config(config, jax.device_count(),
                      explicit_model=explicit_model)

@@ -20,7 +20,8 @@ markdown table. --aggregate_only skips running and aggregates whatever has
 finished.
 
 With more cores, run processes over disjoint seeds (and arms) on the same
-workdir, then aggregate:
+workdir, then aggregate (processes over arms of one seed wait for the
+first to finish its shared warm start, then reuse it):
   for s in 0 1 2; do python launch/ablate.py --config ...:loss --workdir W \
       --seeds 1 --config.first_seed=$s & done; wait
   python launch/ablate.py --config ...:loss --workdir W --seeds 3 \
@@ -61,6 +62,7 @@ _COMPILATION_CACHE = flags.DEFINE_string(
 def main(argv):
   del argv
   from kimi_jax import ablation as ablation_lib
+  from kimi_jax.workdir_lock import WorkdirBusyError
   from kimi_jax.console import quiet_library_logs
   quiet_library_logs()
   try:
@@ -84,6 +86,8 @@ def main(argv):
           arms=_ARMS.value)
     except (ConfigError, KeyError) as exc:
       sys.exit(f"config error: {exc}")
+    except WorkdirBusyError as exc:
+      sys.exit(f"workdir error: {exc}")
   results = ablation_lib.write_results(ablation, workdir, plan)
   print(ablation_lib.markdown_table(
       results, None if _EARLY_STEP.value < 0 else _EARLY_STEP.value))

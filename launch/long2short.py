@@ -48,7 +48,11 @@ def main(argv):
   if _COMPILE_CACHE.value:
     import os
     pipeline.use_compile_cache(os.path.join(_WORKDIR.value, "compile_cache"))
-  pipeline.run(_CONFIG.value, _WORKDIR.value)
+  from kimi_jax.workdir_lock import WorkdirBusyError
+  try:
+    pipeline.run(_CONFIG.value, _WORKDIR.value)
+  except WorkdirBusyError as exc:
+    sys.exit(f"workdir error: {exc}")
 
 
 if __name__ == "__main__":

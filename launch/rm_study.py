@@ -28,7 +28,11 @@ def main(argv):
     train_lib.parse(_CONFIG.value)
   except (ConfigError, ValueError) as exc:
     sys.exit(f"config error: {exc}")
-  summary = study.run_study(_CONFIG.value, _WORKDIR.value)
+  from kimi_jax.workdir_lock import WorkdirBusyError
+  try:
+    summary = study.run_study(_CONFIG.value, _WORKDIR.value)
+  except WorkdirBusyError as exc:
+    sys.exit(f"workdir error: {exc}")
   print(study.table(summary))
 
 

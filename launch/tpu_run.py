@@ -59,6 +59,7 @@ def main(argv):
   from kimi_jax.data.records import DataError
   from kimi_jax.experiment import explicit_model_keys, parse_config
   from kimi_jax.model.hf import HFCheckpointError
+  from kimi_jax.workdir_lock import WorkdirBusyError
   quiet_library_logs()
   explicit_model = explicit_model_keys(
       config_flags.get_override_values(flags.FLAGS["config"]))
@@ -99,6 +100,8 @@ def main(argv):
                          explicit_model=explicit_model)
   except ConfigError as exc:
     distributed.fail(f"config error: {exc}")
+  except WorkdirBusyError as exc:
+    distributed.fail(f"workdir error: {exc}")
   except DataError as exc:
     distributed.fail(f"data error: {exc}")
   except HFCheckpointError as exc:

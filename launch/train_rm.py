@@ -43,6 +43,7 @@ def main(argv):
   del argv
   from kimi_jax.console import quiet_library_logs
   from kimi_jax.reward_models import train as train_lib
+  from kimi_jax.workdir_lock import WorkdirBusyError
   quiet_library_logs()
   try:
     train_lib.parse(_CONFIG.value)
@@ -54,6 +55,8 @@ def main(argv):
         policy_step=_STEP.value)
   except ConfigError as exc:
     sys.exit(f"config error: {exc}")
+  except WorkdirBusyError as exc:
+    sys.exit(f"workdir error: {exc}")
   if _EXPORT.value:
     import os
     import jax

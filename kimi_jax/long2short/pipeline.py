@@ -41,6 +41,7 @@ from kimi_jax import job as job_lib
 from kimi_jax import metrics as metrics_lib
 from kimi_jax import sft as sft_lib
 from kimi_jax import train_step as ts
+from kimi_jax import workdir_lock
 from kimi_jax.console import log
 from kimi_jax.data import pointer_chase
 from kimi_jax.data.journal import CHUNK_PROMPTS, Journal, ModelCalls, digest
@@ -481,6 +482,7 @@ def use_compile_cache(path: str) -> None:
   compilation_cache.reset_cache()
 
 
+@workdir_lock.exclusive
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Every stage, then the comparison; returns long2short.json's content."""
   t0 = time.perf_counter()

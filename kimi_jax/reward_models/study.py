@@ -26,6 +26,7 @@ import ml_collections
 import numpy as np
 
 from kimi_jax import job as job_lib
+from kimi_jax import workdir_lock
 from kimi_jax.console import log
 from kimi_jax.experiment import parse_config
 from kimi_jax.reward_models import train as train_lib
@@ -167,6 +168,7 @@ def table(summary: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
+@workdir_lock.exclusive
 def run_study(config: ml_collections.ConfigDict, workdir: str
               ) -> dict[str, Any]:
   """The study (module doc); returns and writes rm_study.json."""

@@ -39,6 +39,7 @@ import ml_collections
 import numpy as np
 
 from kimi_jax import workdir as workdir_lib
+from kimi_jax import workdir_lock
 from kimi_jax.config import ConfigError, to_dataclass
 from kimi_jax.console import log
 from kimi_jax.data import tasks as tasks_lib
@@ -450,6 +451,7 @@ def _train_or_reuse(trainer: Trainer, kind: str,
   return rm, False
 
 
+@workdir_lock.exclusive
 def train_reward_models(config: ml_collections.ConfigDict, workdir: str, *,
                         policy_workdir: str = "",
                         policy_step: int | None = None) -> dict[str, Any]:
