@@ -62,8 +62,8 @@ _COMPILATION_CACHE = flags.DEFINE_string(
 def main(argv):
   del argv
   from kimi_jax import ablation as ablation_lib
-  from kimi_jax.workdir_lock import WorkdirBusyError
   from kimi_jax.console import quiet_library_logs
+  from kimi_jax.workdir_lock import WorkdirBusyError
   quiet_library_logs()
   try:
     ablation = ablation_lib.parse_ablation(_CONFIG.value)
