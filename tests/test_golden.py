@@ -211,17 +211,43 @@ def test_after_the_first_step_an_equal_reward_group_has_the_penalty_gradient():
 
 
 def test_the_loop_keeps_equal_reward_groups_when_they_carry_a_gradient():
-  scores = Scores(reward_PxK=REWARDS_EQ_PxK, correct_PxK=REWARDS_EQ_PxK > 0)
+  scores = Scores(reward_PxK=REWARDS_EQ_PxK, correct_PxK=REWARDS_EQ_PxK > 0,
+                  verified_PxK=REWARDS_EQ_PxK > 0)
   informative = np.array([True, True, True, False])
   np.testing.assert_array_equal(
       scores.trained_P("mirror_descent", steps=1), informative)
   np.testing.assert_array_equal(
       scores.trained_P("mirror_descent", steps=4), np.ones(4, bool))
   flat = Scores(reward_PxK=np.zeros((3, 3), np.float32),
-                correct_PxK=np.zeros((3, 3), bool))
+                correct_PxK=np.zeros((3, 3), bool),
+                verified_PxK=np.zeros((3, 3), bool))
   assert not flat.trained_P("mirror_descent", steps=4).any()
   np.testing.assert_array_equal(scores.trained_P("rest", steps=4),
                                 (REWARDS_EQ_PxK > 0).any(axis=1))
+
+
+def test_rest_fits_verified_responses_not_lucky_answers():
+  from kimi_jax.rewards.base import RewardResult
+  from kimi_jax.rewards.registry import make_reward
+  from kimi_jax.data.gym_solutions import solution
+  from kimi_jax.rewards.reasoning_gym import make_records
+  record = make_records("chain_sum", size=1, seed=0, min_terms=3,
+                        max_terms=3, min_digits=1, max_digits=1)[0]
+  good = solution(record, "cot")
+  first = good.split("\n")[0]
+  a, op, b, _, value = first.split()
+  lucky = good.replace(first, f"{a} {op} {b} = {int(value) + 1}", 1)
+  checked = make_reward("reasoning_gym_steps")
+  assert checked(record, good).verified
+  assert checked(record, lucky).correct and not checked(record, lucky).verified
+  assert not RewardResult(1.0, False).verified
+  # Group 0 has only a lucky answer: right, but vetoed by the step check.
+  correct = np.array([[True, False], [True, False]])
+  verified = np.array([[False, False], [True, False]])
+  scores = Scores(reward_PxK=verified.astype(np.float32),
+                  correct_PxK=correct, verified_PxK=verified)
+  np.testing.assert_array_equal(scores.trained_P("rest", steps=4),
+                                [False, True])
 
 
 # GOLDEN's phase (two minibatches, two epochs) with group 3's rewards

@@ -52,7 +52,7 @@ def verified(result: Any, accept: str = "answer") -> bool:
   rejects it."""
   if accept not in ACCEPT:
     raise ValueError(f"accept must be one of {ACCEPT}, got {accept!r}")
-  return bool(result.correct) and (accept == "answer" or result.score > 0)
+  return bool(result.correct) if accept == "answer" else result.verified
 
 
 def sample_verified(policy: Policy, reward: RewardFn,

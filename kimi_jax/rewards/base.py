@@ -28,6 +28,14 @@ class RewardResult:
   error: str | None = None
   info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
+  @property
+  def verified(self) -> bool:
+    """Right, and not vetoed by the score: a process check
+    (reasoning_gym_steps) scores a right answer reached through a wrong
+    step 0 while `correct` stays the answer's verdict. What ReST fits and
+    what `warmup.accept="score"` keeps."""
+    return bool(self.correct) and self.score > 0
+
 
 @runtime_checkable
 class RewardFn(Protocol):

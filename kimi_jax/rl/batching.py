@@ -47,7 +47,8 @@ class Minibatch:
   seq_RxT: response p*K + k of every token; P*K on padding.
   lengths_PxK: full response lengths (all segments), for the length reward.
   valid_P: 1 for real prompts, 0 for padding prompts (own no tokens).
-  reward_PxK, correct_PxK: scores of each response (zeros until scored).
+  reward_PxK, correct_PxK: scores of each response (zeros until scored);
+    correct_PxK is what ReST fits (RewardResult.verified).
   ref_seq_logp_PxK: log pi_theta_i(y|x) over the mask, the iteration's
     reference (zeros until computed).
   sampler_seq_logp_PxK: the same sum from the sampler's log-probs.

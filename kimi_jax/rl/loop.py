@@ -70,13 +70,16 @@ class Scores:
   """Of P completed groups x K responses."""
 
   reward_PxK: np.ndarray  # task + length reward + repeat penalty
-  correct_PxK: np.ndarray
+  correct_PxK: np.ndarray  # the answer's verdict (accuracy, success rates)
+  # Correct and not vetoed by the reward's score (RewardResult.verified):
+  # what ReST fits. Equal to correct_PxK unless the reward checks steps.
+  verified_PxK: np.ndarray
 
   def informative_P(self, loss: str) -> np.ndarray:
     """Groups with a learning signal at theta = theta_i: for mirror descent,
-    rewards not all equal; for ReST, a correct response."""
+    rewards not all equal; for ReST, a verified response."""
     if loss == "rest":
-      return self.correct_PxK.any(axis=1)
+      return self.verified_PxK.any(axis=1)
     r = self.reward_PxK
     return r.max(axis=1) > r.min(axis=1)
 
@@ -94,7 +97,7 @@ class Scores:
     several (epochs, or more than one minibatch) they are kept, unless no
     group has a signal: then every gradient is zero at theta_i, the exact
     phase never leaves it, and nothing is trained. ReST learns from every
-    group with a correct response. tests/test_golden.py checks both cases.
+    group with a verified response. tests/test_golden.py checks both cases.
     """
     informative = self.informative_P(loss)
     if loss == "rest" or steps <= 1 or not informative.any():
@@ -223,6 +226,7 @@ class RLLoop:
     P, K = len(groups), rl.samples_per_prompt
     task_r = np.array([x.score for x in scored], np.float32).reshape(P, K)
     correct = np.array([x.correct for x in scored], bool).reshape(P, K)
+    verified = np.array([x.verified for x in scored], bool).reshape(P, K)
     lengths = np.array([t.length for t in trajs], np.int32).reshape(P, K)
     repeat = np.array([t.finish_reason == "repeat" for t in trajs],
                       bool).reshape(P, K)
@@ -245,7 +249,8 @@ class RLLoop:
         # A reward model's calls, seconds, malformed verdicts, ...
         **reward_stats(task.reward),
     }
-    return Scores(reward_PxK=total, correct_PxK=correct), stats
+    return Scores(reward_PxK=total, correct_PxK=correct,
+                  verified_PxK=verified), stats
 
   def minibatches(self, it: int, groups: list[replay_buffer.Group],
                   scores: Scores) -> list[batching.Minibatch]:
@@ -258,8 +263,9 @@ class RLLoop:
         len_buckets=learner.len_buckets, pad_id=self.task.tokenizer.pad_id,
         rows=learner.row_buckets, pack=rl.pack_sequences,
         images=self.image_inputs([g.prompt_index for g in groups]))
+    # The minibatch's correct_PxK is what ReST fits: the verified ones.
     return batching.with_scores(mbs, members, reward_PxK=scores.reward_PxK,
-                                correct_PxK=scores.correct_PxK)
+                                correct_PxK=scores.verified_PxK)
 
   def iteration(self, state: LoopState, train: ts.TrainState
                 ) -> tuple[LoopState, ts.TrainState, dict[str, float]]:
@@ -283,7 +289,8 @@ class RLLoop:
       if keep_P.any():
         kept = [g for g, k in zip(groups, keep_P) if k]
         mbs = self.minibatches(it, kept, Scores(
-            scores.reward_PxK[keep_P], scores.correct_PxK[keep_P]))
+            scores.reward_PxK[keep_P], scores.correct_PxK[keep_P],
+            scores.verified_PxK[keep_P]))
         if self.rl.loss == "mirror_descent":
           mbs = _signal_first(mbs)
         train, train_stats = self.learner.train(train, mbs)
