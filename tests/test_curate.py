@@ -738,17 +738,11 @@ def test_rejection_sampling_keeps_exactly_the_verified_responses():
 
 
 def test_warmup_accept_score_drops_right_answers_after_a_wrong_step():
-  from kimi_jax.data.gym_solutions import solution
   from kimi_jax.rewards.registry import make_reward
+  from tests.worked import good_and_lucky
   records = make_records("chain_sum", size=2, seed=0, min_terms=3,
                          max_terms=3, min_digits=1, max_digits=1)
-  by_prompt = {}
-  for r in records:
-    good = solution(r, "cot")
-    first = good.split("\n")[0]
-    a, op, b, _, value = first.split()
-    lucky = good.replace(first, f"{a} {op} {b} = {int(value) + 1}", 1)
-    by_prompt[r["prompt"]] = [lucky, good]
+  by_prompt = {r["prompt"]: good_and_lucky(r)[::-1] for r in records}
 
   def answer_for(prompt, j):
     return by_prompt[prompt.split("\n\nSolve this carefully")[0]][j]

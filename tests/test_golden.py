@@ -227,21 +227,8 @@ def test_the_loop_keeps_equal_reward_groups_when_they_carry_a_gradient():
 
 
 def test_rest_fits_verified_responses_not_lucky_answers():
-  from kimi_jax.rewards.base import RewardResult
-  from kimi_jax.rewards.registry import make_reward
-  from kimi_jax.data.gym_solutions import solution
-  from kimi_jax.rewards.reasoning_gym import make_records
-  record = make_records("chain_sum", size=1, seed=0, min_terms=3,
-                        max_terms=3, min_digits=1, max_digits=1)[0]
-  good = solution(record, "cot")
-  first = good.split("\n")[0]
-  a, op, b, _, value = first.split()
-  lucky = good.replace(first, f"{a} {op} {b} = {int(value) + 1}", 1)
-  checked = make_reward("reasoning_gym_steps")
-  assert checked(record, good).verified
-  assert checked(record, lucky).correct and not checked(record, lucky).verified
-  assert not RewardResult(1.0, False).verified
-  # Group 0 has only a lucky answer: right, but vetoed by the step check.
+  # Group 0 has only a lucky answer: right, but vetoed by the step check
+  # (RewardResult.verified; tests/test_rewards_reasoning_gym.py).
   correct = np.array([[True, False], [True, False]])
   verified = np.array([[False, False], [True, False]])
   scores = Scores(reward_PxK=verified.astype(np.float32),

@@ -80,19 +80,22 @@ def test_every_name_is_listed():
 
 def test_check_steps_scores_a_right_answer_after_a_wrong_step_zero():
   from kimi_jax.data.gym_solutions import solution
+  from kimi_jax.rewards.base import RewardResult
+  from tests.worked import good_and_lucky
   record = make_records("chain_sum", size=3, seed=0, min_terms=3,
                         max_terms=3, min_digits=1, max_digits=1)[0]
-  good = solution(record, "cot")
-  first = good.split("\n")[0]
-  a, op, b, _, value = first.split()
-  bad = good.replace(first, f"{a} {op} {b} = {int(value) + 1}", 1)
+  good, bad = good_and_lucky(record)
   checked = make_reward("reasoning_gym_steps")
   plain = make_reward("reasoning_gym")
   assert plain(record, bad).score == 1.0  # the answer alone is right
+  assert plain(record, bad).verified
   result = checked(record, bad)
-  assert (result.score, result.correct) == (0.0, True)
+  assert (result.score, result.correct, result.verified) == (0.0, True,
+                                                             False)
   assert result.info["wrong_step"].startswith("step 1:")
   assert checked(record, good).score == 1.0
+  assert checked(record, good).verified
+  assert not RewardResult(1.0, False).verified
   assert checked(record, solution(record, "direct")).score == 1.0
   wrong = good.replace(f"<answer>{record['answer']}<", "<answer>999<")
   assert checked(record, wrong).score == 0.0
