@@ -10,7 +10,8 @@ lock behind and a rerun resumes as before.
 
 Only process 0 of a multi-process job takes it (all processes share one
 workdir). Object-store workdirs (gs://...) are not locked: there is no
-flock there. A stage that runs inside another on the same workdir (in one
+flock there. A mounted filesystem that refuses locks gets a warning and
+the job runs unguarded. A stage that runs inside another on the same workdir (in one
 process) finds the lock its own and goes on.
 """
 
@@ -53,27 +54,42 @@ def held(workdir: str, wait: bool = False) -> Iterator[None]:
   path = os.path.join(workdir, LOCK_NAME)
   fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   try:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      holder = (os.pread(fd, 200, 0).decode(errors="replace").strip()
-                or "holder unknown")
-      if not wait:
-        raise WorkdirBusyError(
-            f"{workdir} is in use by another kimi_jax job ({holder}); wait "
-            f"for it to finish, stop it, or pick another --workdir") from None
-      log(f"waiting for the other kimi_jax job in {workdir} ({holder})")
-      fcntl.flock(fd, fcntl.LOCK_EX)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    locked = _acquire(fd, workdir, wait)
+    if locked:
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n"
+                .encode(), 0)
     _HELD.add(key)
     try:
       yield
     finally:
       _HELD.discard(key)
-      fcntl.flock(fd, fcntl.LOCK_UN)
+      if locked:
+        fcntl.flock(fd, fcntl.LOCK_UN)
   finally:
     os.close(fd)
+
+
+def _acquire(fd: int, workdir: str, wait: bool) -> bool:
+  """Takes the lock on `fd`; False when the filesystem has no locks (the
+  job then runs unguarded, with a warning, rather than not at all)."""
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return True
+  except BlockingIOError:
+    holder = (os.pread(fd, 200, 0).decode(errors="replace").strip()
+              or "holder unknown")
+    if not wait:
+      raise WorkdirBusyError(
+          f"{workdir} is in use by another kimi_jax job ({holder}); wait "
+          f"for it to finish, stop it, or pick another --workdir") from None
+    log(f"waiting for the other kimi_jax job in {workdir} ({holder})")
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return True
+  except OSError as exc:  # ENOLCK, EOPNOTSUPP: a filesystem without flock
+    log(f"warning: cannot lock {workdir} ({exc}); nothing stops a second "
+        f"job from using it at the same time")
+    return False
 
 
 def exclusive(fn: F) -> F:

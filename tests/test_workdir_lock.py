@@ -91,6 +91,22 @@ def test_exclusive_passes_arguments_through(tmp_path):
   assert job("c", str(tmp_path / "w"), extra=3) == ("c", 3)
 
 
+def test_a_filesystem_without_locks_runs_unguarded(tmp_path, monkeypatch,
+                                                  capsys):
+  import errno
+  import fcntl
+
+  def no_locks(fd, op):
+    raise OSError(errno.ENOLCK, "No locks available")
+
+  monkeypatch.setattr(fcntl, "flock", no_locks)
+  entered = []
+  with workdir_lock.held(str(tmp_path / "w")):
+    entered.append(True)
+  assert entered == [True]
+  assert "cannot lock" in capsys.readouterr().out
+
+
 def test_object_store_workdirs_are_not_locked(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   with workdir_lock.held("gs://bucket/run"):
