@@ -86,6 +86,12 @@ def settings_key(section: Any) -> dict[str, Any]:
   return out
 
 
+def final_loss(history: list[dict[str, float]]) -> float | None:
+  """The last step's loss in a loop's metrics; None when a rerun found
+  every step done and ran none."""
+  return history[-1]["loss"] if history else None
+
+
 def discard(directory: str) -> None:
   """Removes a loop's checkpoints. Every process calls it: process 0
   deletes (they share the path) and the others wait for it, so none opens

@@ -11,8 +11,8 @@ lock behind and a rerun resumes as before.
 Only process 0 of a multi-process job takes it (all processes share one
 workdir). Object-store workdirs (gs://...) are not locked: there is no
 flock there. A mounted filesystem that refuses locks gets a warning and
-the job runs unguarded. A stage that runs inside another on the same workdir (in one
-process) finds the lock its own and goes on.
+the job runs unguarded. A stage that runs inside another on the same
+workdir (in one process) finds the lock its own and goes on.
 """
 
 from __future__ import annotations

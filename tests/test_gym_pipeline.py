@@ -180,7 +180,8 @@ def test_config_errors_name_the_key():
 
 
 def test_verifier_mismatch_names_both_keys():
-  assert gym_pipeline.verifier_mismatch("reasoning_gym", "reasoning_gym") is None
+  assert gym_pipeline.verifier_mismatch("reasoning_gym",
+                                        "reasoning_gym") is None
   warning = gym_pipeline.verifier_mismatch("reasoning_gym",
                                            "reasoning_gym_steps")
   assert "config.reward.name='reasoning_gym'" in warning

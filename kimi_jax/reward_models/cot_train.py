@@ -39,7 +39,7 @@ from kimi_jax.reward_models import cot_model
 from kimi_jax.reward_models.labelled import LabelledExample
 from kimi_jax.sampler import handoff
 from kimi_jax.sharding import Sharder, batch_shardings
-from kimi_jax.step_loop import Progress, peek, run_steps
+from kimi_jax.step_loop import Progress, final_loss, peek, run_steps
 from kimi_jax.token_rows import TokenRows
 
 
@@ -183,11 +183,6 @@ def rejection_sample(judge: cot_model.CotJudge,
   return kept, stats
 
 
-def _final_loss(hist: list[dict[str, float]]) -> float | None:
-  # None when a rerun found the stage finished (no step ran).
-  return hist[-1]["loss"] if hist else None
-
-
 def _stage(progress: Progress | None, name: str) -> Progress | None:
   if progress is None:
     return None
@@ -245,7 +240,7 @@ def train(base_params: Any, examples: Sequence[LabelledExample], *,
                            pad_id=pad_id, seed=seed, what="CoT RM seed SFT",
                            progress=_stage(progress, "seed_sft"))
       report["seed"] = {"examples": len(seeds),
-                        "final_loss": _final_loss(hist)}
+                        "final_loss": final_loss(hist)}
     judge = judge_for(proposer)
     t0 = time.perf_counter()
     kept, stats = rejection_sample(judge, examples,
@@ -270,7 +265,7 @@ def train(base_params: Any, examples: Sequence[LabelledExample], *,
                      steps=cfg.steps, sharder=sharder, pad_id=pad_id,
                      seed=seed + 2, what="CoT RM SFT",
                      progress=_stage(progress, "sft"))
-  report["sft"] = {"examples": len(pairs), "final_loss": _final_loss(hist)}
+  report["sft"] = {"examples": len(pairs), "final_loss": final_loss(hist)}
   return params, report
 
 

@@ -57,7 +57,7 @@ from kimi_jax.sampler import handoff
 from kimi_jax.sampler.driver import Sampler
 from kimi_jax.sampler.engine import Engine, EngineConfig
 from kimi_jax.sharding import Sharder, make_mesh
-from kimi_jax.step_loop import Progress, discard, settings_key
+from kimi_jax.step_loop import Progress, discard, final_loss, settings_key
 
 MODELS = ("value", "cot")
 EVAL_FILE = "rm_eval.json"
@@ -281,8 +281,7 @@ class Trainer:
       logits = self.scorer(params).logits([s.ids for s in scored])
       offset = value_model.fit_offset(logits, [s.label for s in scored])
     report = {"loss": vc.loss, "units": len(units), "steps": vc.steps,
-              # None when a rerun found every step done.
-              "final_loss": hist[-1]["loss"] if hist else None,
+              "final_loss": final_loss(hist),
               "seconds": time.perf_counter() - t0}
     return store.RewardModel(kind="value", model=cfg.model,
                              template=self.template, tokenizer=self.tokenizer,
