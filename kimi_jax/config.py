@@ -125,7 +125,9 @@ def set_key(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
   if isinstance(node[leaf], ml_collections.ConfigDict):
     raise ConfigError(f"--config.{key}: is a section; set one of its keys "
                       f"({sorted(node[leaf].keys())})")
-  if isinstance(value, str):
+  # A string key keeps the text as given (ml_collections' flags do the
+  # same), so a JSON or tuple-looking value is not parsed into another type.
+  if isinstance(value, str) and not isinstance(node[leaf], str):
     value = _parse_value(value)
   try:
     node[leaf] = _coerce(key, node[leaf], value)

@@ -165,6 +165,20 @@ def test_valid_override_is_applied():
   assert load_config(QWEN_7B).model.n_layers == 28
 
 
+def test_string_override_keeps_its_text():
+  # A JSON value for a string key is the text itself, as on the command
+  # line, so an unrelated error is still the one reported.
+  options = '{"spell_backward": {"min_word_len": 3, "max_word_len": 7}}'
+  config = load_config("experiments/gym_tiny.py",
+                       [f"gym.options_json={options}", "seed=3",
+                        "task.reward=1e-4"])
+  assert config.gym.options_json == options
+  assert config.task.reward == "1e-4"
+  with pytest.raises(ConfigError, match=r"rl\.warmup_stepz"):
+    load_config("experiments/gym_tiny.py", [f"gym.options_json={options}",
+                                            "rl.warmup_stepz=4"])
+
+
 @pytest.mark.parametrize("path", SCALED, ids=_ids(SCALED))
 def test_qwen_real_path_defaults(path):
   from kimi_jax import sft as sft_lib
