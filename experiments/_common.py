@@ -170,6 +170,7 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
       minibatch_prompts=minibatch_prompts,
       epochs=1,
       reset_optimizer=True,  # 2.3.2: reset at the start of every iteration
+      warmup_steps=0,  # ours: learning-rate ramp after each reset
       max_response_len=seq_len - max_prompt,
       # Partial rollouts: a trajectory writes at most this many tokens per
       # iteration and continues from the replay buffer in the next one.

@@ -162,6 +162,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       minibatch_prompts=16,
       epochs=2,
       reset_optimizer=True,
+      warmup_steps=0,  # ours: learning-rate ramp after each reset
       max_response_len=32,
       # Partial rollouts: tokens a trajectory may generate per iteration.
       token_budget=12,

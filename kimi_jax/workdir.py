@@ -119,3 +119,49 @@ def complete(workdir: str, prompts: Sequence[str], *, step: int | None = None,
                  f"{sum(res.logprobs):.2f}) {prompts[req.id[0]]} -> "
                  f"{tok.decode(tokens)}")
   return results, lines
+
+
+def evaluator(workdir: str, *, split: str = "eval", data: str = "",
+              samples: int | None = None) -> tuple[Any, ExperimentConfig]:
+  """(the run's held-out Evaluator, its typed config): the sampler, task,
+  seed and sampling settings of the job's own evaluations, so the latest
+  checkpoint reproduces the job's final figures. `data`: a JSONL file read
+  in place of the split's (the task's fields, tokenizer and verifier);
+  `samples`: draws per problem (default `rl.eval_samples`)."""
+  import dataclasses
+  from kimi_jax.data import tasks
+  from kimi_jax.rl.evaluation import SPLITS, Evaluator
+  _, cfg = load_run(workdir)
+  if split not in SPLITS:
+    raise ConfigError(f"split {split!r}: expected one of {SPLITS}")
+  task_cfg = cfg.task
+  if data:
+    if not isinstance(task_cfg, tasks.JsonlTaskConfig):
+      raise ConfigError(f"{workdir}: task {task_cfg.name!r} generates its "
+                        f"problems; only a jsonl task reads another file")
+    if not os.path.exists(data):
+      raise ConfigError(f"{data}: not found")
+    # The file stands in for every split (only the asked one is sampled),
+    # so the run's own data files need not exist here.
+    task_cfg = dataclasses.replace(task_cfg, train_path=data, eval_path=data,
+                                   val_path=data)
+  sharder = Sharder(make_mesh(cfg.mesh), cfg.rules)
+  task = tasks.make_task(
+      task_cfg, cfg.seed, tasks.hf_tokenizer(cfg.init_from_hf, task_cfg),
+      max_prompt_tokens=cfg.sampler.cache_len - cfg.rl.max_response_len,
+      vision=cfg.model.vision)
+  if not len(getattr(task, split)):
+    hint = (" (task.val_path is empty)" if isinstance(
+        task_cfg, tasks.JsonlTaskConfig) else "")
+    raise ConfigError(f"{workdir}: the run has no {split} problems{hint}")
+  engine = Engine(cfg.model, cfg.sampler.engine, sharder=sharder)
+  sampler = Sampler(engine, repeat=cfg.sampler.repeat,
+                    steps_per_call=cfg.sampler.steps_per_call)
+  n = cfg.rl.eval_samples if samples is None else samples
+  if n < 1:
+    raise ConfigError(f"samples must be >= 1, got {n}")
+  # seed + 1: the job's evaluator (kimi_jax/job.py), same draws.
+  return Evaluator(sampler, task, samples=n,
+                   max_response_len=cfg.rl.max_response_len,
+                   seed=cfg.seed + 1, settings=cfg.sampler.sampling,
+                   split=split), cfg

@@ -279,3 +279,25 @@ def test_log_ratio_metric_is_the_second_steps_distance_from_the_reference():
   want = np.mean((seq(one) - seq(host)) ** 2)
   assert want > 1e-3
   assert stats_two["log_ratio_sq"] == pytest.approx(want, rel=1e-4)
+
+
+def test_rl_warmup_ramps_the_learning_rate_again_after_each_reset():
+  # rl.warmup_steps: with a constant gradient Adam's normalised step is 1,
+  # so the updates are -lr x (0, 1/2, 1, 1); the learner's per-iteration
+  # optimizer reset starts the ramp over.
+  learner = _learner(dataclasses.replace(RL, warmup_steps=2))
+  params = learner.init_state(transformer.init_sharded(
+      CFG, 3, learner.sharder, std=0.2)).params
+  grads = jax.jit(lambda ps: jax.tree.map(
+      lambda p: jnp.full_like(p, 0.01), ps))(params)
+  update = jax.jit(learner.optimizer.update)
+  got = []
+  for _ in range(2):
+    state = learner._reset(params)
+    for _ in range(4):
+      step, state = update(grads, state, params)
+      leaves = jax.tree.leaves(step)
+      assert all(np.ptp(np.asarray(x)) < 1e-9 for x in leaves)
+      got.append(float(np.asarray(leaves[0]).flat[0]))
+  want = [0.0, -0.5e-3, -1e-3, -1e-3] * 2
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-9)

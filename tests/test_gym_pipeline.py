@@ -20,6 +20,7 @@ from kimi_jax.data.gym_solutions import solution, wrong_step
 from kimi_jax.model.tokenizer import load_hf_tokenizer
 from kimi_jax.rewards import registry
 from kimi_jax.rewards.reasoning_gym import make_records
+from kimi_jax.rl import breakdown
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -250,6 +251,41 @@ def test_micro_pipeline_end_to_end_and_rerun_is_a_no_op(tmp_path):
     rl_config = json.load(f)
   assert rl_config["task"]["train_path"] == paths.curated
   assert rl_config["prompt_sampling"]["initial_success_field"] == "pass_rate"
+  # launch/evaluate.py on the final checkpoint reproduces the job's own final
+  # evaluations, split by generator as the job splits them by task.
+  for split, key in (("eval", "final_eval"), ("val", "final_val")):
+    out = str(tmp_path / f"breakdown_{split}")
+    done = subprocess.run(
+        [sys.executable, "launch/evaluate.py", "--workdir",
+         os.path.join(workdir, "rl"), "--split", split, "--by",
+         "rg.dataset", "--by", "long=metadata.word_len:^[4-9]", "--out",
+         out], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(os.path.join(out, "breakdown.json")) as f:
+      tables = json.load(f)["tables"]
+    (overall,) = tables["all"]
+    assert overall["pass_at_1"] == summary[key]["pass_at_1"]
+    assert overall["greedy_accuracy"] == summary[key]["greedy_accuracy"]
+    assert overall["problems"] == summary[key]["n_problems"]
+    assert {f"rg/{r['group']}": r["pass_at_1"] for r in tables[
+        "rg.dataset"]} == summary[key]["pass_at_1_by_task"]
+    # Only spelling problems have a word length.
+    long = {r["group"]: r["problems"] for r in tables["long"]}
+    assert sum(long.values()) == overall["problems"]
+    assert long[breakdown.MISSING] == overall["problems"] * 2 // 3
+    draws = rl_config["rl"]["eval_samples"] + 1
+    responses = [json.loads(l) for l in open(os.path.join(
+        out, "responses.jsonl"))]
+    assert len(responses) == overall["problems"] * draws
+    assert sum(r["correct"] for r in responses if r["draw"] >= 0) == round(
+        overall["pass_at_1"] * overall["problems"] * (draws - 1))
+    # Each response is the text its row says, judged by the task's verifier.
+    verifier = registry.make_reward(rl_config["task"]["reward"])
+    with open(paths.eval if split == "eval" else paths.val) as f:
+      held = {r["id"]: r for r in map(json.loads, f)}
+    assert all(verifier(held[r["id"]], r["text"]).correct == r["correct"]
+               for r in responses)
   # A rerun finds every stage finished and trains nothing.
   again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)

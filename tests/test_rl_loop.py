@@ -112,6 +112,7 @@ def test_unknown_and_mistyped_overrides_are_rejected():
      "'rl.iteratoins' (did you mean 'rl.iterations'?)"),
     ("--config.rl.iterations=many", "--config.rl.iterations: expected int"),
     ("--config.rl.tau=0", "config.rl.tau: must be > 0"),
+    ("--config.rl.warmup_steps=-1", "config.rl.warmup_steps: must be >= 0"),
 ])
 def test_launcher_config_errors_name_the_key(tmp_path, override, needle):
   """Through the real command line (ml_collections.config_flags): one clear

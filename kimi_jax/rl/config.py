@@ -23,6 +23,10 @@ class RLConfig:
   minibatch_prompts: int = 8
   epochs: int = 1
   reset_optimizer: bool = True
+  # Learning rate ramped up linearly from 0 over this many optimizer steps
+  # (ours); the reset starts the ramp over every iteration. Without it, a
+  # fresh Adam's first steps move every weight by the full learning rate.
+  warmup_steps: int = 0
   max_response_len: int = 1024
   token_budget: int = 1024
   max_wait_iterations: int = 4
@@ -92,6 +96,8 @@ class RLConfig:
     if not 1 <= self.queued_min_tokens <= self.token_budget:
       bad("queued_min_tokens", f"must be in [1, rl.token_budget="
           f"{self.token_budget}], got {self.queued_min_tokens}")
+    if self.warmup_steps < 0:
+      bad("warmup_steps", f"must be >= 0, got {self.warmup_steps}")
     if self.length_reward_warmup < 0 or self.length_reward_weight < 0:
       bad("length_reward_weight", "weight and warmup must be >= 0")
     if list(self.train_len_buckets) != sorted(set(self.train_len_buckets)):

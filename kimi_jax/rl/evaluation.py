@@ -53,8 +53,8 @@ def task_of(record: Mapping[str, Any]) -> str:
 class EvalSamples:
   """Every scored held-out response: problem index into the evaluated
   records (`Evaluator.records`), draw
-  index (-1: the greedy response), response tokens, correctness and the
-  problem's task (`task_of`)."""
+  index (-1: the greedy response), response tokens, correctness, the
+  problem's task (`task_of`) and the response text."""
 
   problem_N: np.ndarray
   draw_N: np.ndarray
@@ -62,6 +62,7 @@ class EvalSamples:
   correct_N: np.ndarray
   task_N: np.ndarray
   n_problems: int
+  text_N: np.ndarray | None = None  # response texts, when kept
 
   def summary(self) -> EvalResult:
     sampled = self.draw_N >= 0
@@ -136,7 +137,7 @@ class Evaluator:
         length_N=np.array([len(r.tokens) for r in results], np.int32),
         correct_N=np.array([s.correct for s in scored], bool),
         task_N=np.array([task_of(r) for r in records], dtype=object),
-        n_problems=len(held))
+        n_problems=len(held), text_N=np.array(texts, dtype=object))
 
   def __call__(self, params) -> EvalResult:
     return self.sample(params).summary()

@@ -55,7 +55,8 @@ class Learner:
     self.rl = rl
     self.sharder = sharder
     self.optimizer = ts.make_optimizer(ts.OptimizerConfig(
-        learning_rate=rl.learning_rate, grad_clip=rl.grad_clip))
+        learning_rate=rl.learning_rate, grad_clip=rl.grad_clip,
+        warmup_steps=rl.warmup_steps))
     self.shardings = ts.state_shardings(self.optimizer, model, sharder)
     self._reset = ts.make_reset_optimizer(self.optimizer, self.shardings)
     self._seq_logp = jax.jit(functools.partial(trainer.seq_logp, cfg=model,
