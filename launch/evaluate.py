@@ -14,6 +14,7 @@ mean sampled length, overall and per group of each --by:
                            path: metadata.word_len, tags.0);
   --by NAME=FIELD:PATTERN  two groups, "yes" and "no": whether the field's
                            text matches the regular expression.
+--pass_at K adds pass@K (unbiased, from --samples draws per problem).
 With --out, writes breakdown.json (the tables) and responses.jsonl (every
 scored response, the greedy one as draw -1, with its groups).
 """
@@ -37,6 +38,8 @@ _SAMPLES = flags.DEFINE_integer("samples", None, "draws per problem at the "
                                 "rl.eval_samples)")
 _BY = flags.DEFINE_multi_string("by", [], "FIELD or NAME=FIELD:PATTERN "
                                 "(repeat for several)")
+_PASS_AT = flags.DEFINE_multi_integer("pass_at", [], "also pass@k for this "
+                                      "k <= --samples (repeat for several)")
 _OUT = flags.DEFINE_string("out", "", "directory for breakdown.json and "
                            "responses.jsonl")
 
@@ -66,9 +69,14 @@ def main(argv):
     if len(set(names)) != len(names) or "all" in names:
       raise ConfigError(f"--by names must be distinct and not 'all': "
                         f"{names}")
+    ks = sorted(set(_PASS_AT.value))
     evaluator, cfg = workdir_lib.evaluator(
         _WORKDIR.value, split=_SPLIT.value, data=_DATA.value,
         samples=_SAMPLES.value)
+    if ks and not 1 <= ks[0] <= ks[-1] <= evaluator.samples:
+      raise ConfigError(f"--pass_at {ks}: each k must be in [1, "
+                        f"{evaluator.samples}] (the draws per problem; "
+                        f"raise --samples)")
     params, step = workdir_lib.restore_params(
         _WORKDIR.value, cfg, evaluator.sampler.engine.param_shardings,
         _STEP.value)
@@ -76,18 +84,18 @@ def main(argv):
     sys.exit(f"evaluate: {exc}")
   drawn = evaluator.sample(params)
   records = evaluator.records
-  tables = bd.breakdown(drawn, records, splits)
+  tables = bd.breakdown(drawn, records, splits, ks)
   source = _DATA.value or f"the run's {_SPLIT.value} set"
   print(f"{_WORKDIR.value} step {step}: {drawn.n_problems} problems from "
         f"{source}, {evaluator.samples} draws each")
   for name, rows in tables.items():
     print()
-    print(bd.format_table(name, rows))
+    print(bd.format_table(name, rows, ks))
   if _OUT.value:
     os.makedirs(_OUT.value, exist_ok=True)
     report = dict(workdir=os.path.abspath(_WORKDIR.value), step=step,
                   split=_SPLIT.value, data=_DATA.value,
-                  samples=evaluator.samples,
+                  samples=evaluator.samples, pass_at=ks,
                   splits=[dict(name=s.name, field=s.field, pattern=s.pattern)
                           for s in splits], tables=tables)
     with open(os.path.join(_OUT.value, "breakdown.json"), "w") as f:

@@ -123,3 +123,29 @@ def test_run_evaluator_errors_name_the_problem(tmp_path):
     workdir.evaluator(str(tmp_path), samples=0)
   with pytest.raises(ConfigError, match="split 'test'"):
     workdir.evaluator(str(tmp_path), split="test")
+
+
+def test_pass_at_k_matches_enumeration():
+  # Against the definition: every k-subset of n draws, c of them right.
+  from itertools import combinations
+  for n, c, k in [(4, 1, 2), (8, 3, 4), (5, 0, 3), (5, 5, 1), (6, 2, 5)]:
+    draws = [1] * c + [0] * (n - c)
+    subsets = list(combinations(range(n), k))
+    want = sum(any(draws[i] for i in s) for s in subsets) / len(subsets)
+    assert bd.pass_at_k(n, c, k) == pytest.approx(want), (n, c, k)
+  assert bd.pass_at_k(10, 3, 1) == pytest.approx(0.3)
+  with pytest.raises(ValueError, match="1 <= k <= n"):
+    bd.pass_at_k(4, 1, 5)
+
+
+def test_group_rows_report_pass_at_k_per_group():
+  rows = bd.group_rows(_samples(), ["yes", "no", "yes", "no"], ks=(1, 2))
+  no, yes = rows
+  # Two draws each: pass@2 is whether either draw was right.
+  assert yes["pass_at_2"] == pytest.approx((1 + 0) / 2)
+  assert no["pass_at_2"] == pytest.approx((1 + 1) / 2)
+  assert [r["pass_at_1"] for r in rows] == pytest.approx(
+      [r["pass_at_1"] for r in bd.group_rows(_samples(),
+                                             ["yes", "no", "yes", "no"])])
+  header, first = bd.format_table("caps", rows, ks=(1, 2)).splitlines()[:2]
+  assert header.split()[-1] == "pass@2" and first.split()[-1] == "1.000"

@@ -286,6 +286,24 @@ def test_micro_pipeline_end_to_end_and_rerun_is_a_no_op(tmp_path):
       held = {r["id"]: r for r in map(json.loads, f)}
     assert all(verifier(held[r["id"]], r["text"]).correct == r["correct"]
                for r in responses)
+  # More draws, and pass@k from them (k past the draws is refused).
+  more = subprocess.run(
+      [sys.executable, "launch/evaluate.py", "--workdir",
+       os.path.join(workdir, "rl"), "--samples", "3", "--pass_at", "3",
+       "--pass_at", "2"], cwd=ROOT, env=env, capture_output=True, text=True,
+      timeout=300)
+  assert more.returncode == 0, more.stderr[-3000:]
+  header, overall = [l.split() for l in more.stdout.splitlines()
+                     if l.startswith("all ")]
+  assert header[-2:] == ["pass@2", "pass@3"]
+  p1, p2, p3 = float(overall[3]), float(overall[-2]), float(overall[-1])
+  assert p1 <= p2 <= p3
+  refused = subprocess.run(
+      [sys.executable, "launch/evaluate.py", "--workdir",
+       os.path.join(workdir, "rl"), "--pass_at", "9"], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=300)
+  assert refused.returncode != 0
+  assert "--pass_at [9]: each k must be in [1, " in refused.stderr
   # A rerun finds every stage finished and trains nothing.
   again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
