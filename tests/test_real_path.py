@@ -126,6 +126,26 @@ def test_rl_runs_its_iterations_with_math_verify_rewards(run):
   assert (config["model"]["d_model"], config["model"]["n_layers"]) == (64, 2)
 
 
+def test_evaluate_reproduces_the_final_evaluation(run, tmp_path):
+  # launch/evaluate.py through the Hugging Face tokenizer, chat template
+  # and math-verify: the run's own final figures, from the run's held-out
+  # set and from the same rows read as another file (--data).
+  with open(os.path.join(run["workdir"], "summary.json")) as f:
+    final = json.load(f)["final_eval"]
+  for extra in ([], ["--data", run["data"]["eval"]]):
+    out = tmp_path / f"out{len(extra)}"
+    proc = _run([sys.executable, os.path.join(ROOT, "launch", "evaluate.py"),
+                 "--workdir", run["workdir"], "--by", "answer", "--out",
+                 str(out)] + extra)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(out / "breakdown.json") as f:
+      tables = json.load(f)["tables"]
+    assert tables["all"][0]["pass_at_1"] == final["pass_at_1"]
+    assert tables["all"][0]["greedy_accuracy"] == final["greedy_accuracy"]
+    assert sorted(r["group"] for r in tables["answer"]) == sorted(
+        EVAL_ANSWERS)
+
+
 @pytest.mark.host_inputs
 def test_export_loads_in_transformers_with_our_logits(run):
   import torch
