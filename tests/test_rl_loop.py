@@ -316,3 +316,38 @@ def test_resume_restores_the_optimizer_state(tmp_path):
   for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_score_gives_a_lucky_answer_no_bonus_for_being_short(tmp_path):
+  """A right answer that the reward scores 0 (a step check's veto) counts
+  for accuracy but not as correct for the length reward."""
+  import dataclasses
+  from kimi_jax.rewards.base import RewardResult
+  from kimi_jax.rl import replay_buffer
+  cfg = parse_config(micro(), 8)
+  job = job_lib.build(cfg, str(tmp_path))
+  loop = job.rl_loop()
+  K = cfg.rl.samples_per_prompt
+  verdicts = [RewardResult(1.0, True), RewardResult(0.0, True)] + [
+      RewardResult(0.0, False)] * (K - 2)
+  answers = iter(verdicts)
+  loop.task = dataclasses.replace(job.task,
+                                  reward=lambda record, text: next(answers))
+  lengths = [12, 8] + [20] * (K - 2)  # the lucky answer is the shortest
+  buffer = replay_buffer.RolloutBuffer(group_size=K, max_wait_iterations=0)
+  gid = buffer.new_group(0)
+  for j, n in enumerate(lengths):
+    buffer.add_segment(gid, j, [5] * n, [0.0] * n, version=0,
+                       finish_reason="stop")
+  after_warmup = cfg.rl.length_reward_warmup + 1
+  scores, stats = loop.score(after_warmup, buffer.complete_groups())
+  w = cfg.rl.length_reward_weight
+  assert w > 0
+  # lambda = 0.5 - (len - 8) / 12: 1/6 for the verified answer; the lucky
+  # one's +0.5 is cut to min(0, 0.5) = 0; the wrong ones get -0.5.
+  np.testing.assert_allclose(
+      scores.reward_PxK, [[1 + w / 6, 0.0] + [-0.5 * w] * (K - 2)],
+      rtol=1e-6)
+  assert stats["accuracy"] == 2 / K
+  np.testing.assert_array_equal(scores.verified_PxK[0],
+                                [True] + [False] * (K - 1))

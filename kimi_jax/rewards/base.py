@@ -17,8 +17,9 @@ class RewardResult:
   """Outcome of scoring one response.
 
   score: the task reward r(x, y) before length reward and penalties.
-  correct: whether the response solves the problem (drives the length reward,
-    success-rate statistics and pass@1).
+  correct: whether the response's answer solves the problem (drives
+    accuracy, success-rate statistics and pass@1; `verified` below drives
+    the length reward and ReST).
   error: a short message when scoring failed; the score is then 0.
   info: optional details (extracted answer, failing test, ...), for logs only.
   """
@@ -32,8 +33,9 @@ class RewardResult:
   def verified(self) -> bool:
     """Right, and not vetoed by the score: a process check
     (reasoning_gym_steps) scores a right answer reached through a wrong
-    step 0 while `correct` stays the answer's verdict. What ReST fits and
-    what `warmup.accept="score"` keeps."""
+    step 0 while `correct` stays the answer's verdict. What ReST fits, what
+    the length reward counts as correct and what `warmup.accept="score"`
+    keeps."""
     return bool(self.correct) and self.score > 0
 
 

@@ -65,6 +65,21 @@ def _p95(x) -> float:
   return float(np.percentile(x, 95)) if len(x) else 0.0
 
 
+def total_reward(task_PxK: np.ndarray, verified_PxK: np.ndarray,
+                 lengths_PxK: np.ndarray, repeat_PxK: np.ndarray, *,
+                 length_weight: float, repeat_penalty: float
+                 ) -> tuple[np.ndarray, np.ndarray]:
+  """(task + length reward + repeat penalty, the length reward), P x K.
+
+  The length reward's "correct" (report 2.3.3) is `verified`: a right answer
+  that a step check scores 0 (a lucky one) earned no reward, so it gets no
+  bonus for being short either, only the penalty for being long.
+  """
+  len_PxK = np.asarray(length_reward.length_reward(lengths_PxK, verified_PxK))
+  total = task_PxK + length_weight * len_PxK + repeat_penalty * repeat_PxK
+  return total, len_PxK
+
+
 @dataclasses.dataclass(frozen=True)
 class Scores:
   """Of P completed groups x K responses."""
@@ -72,7 +87,8 @@ class Scores:
   reward_PxK: np.ndarray  # task + length reward + repeat penalty
   correct_PxK: np.ndarray  # the answer's verdict (accuracy, success rates)
   # Correct and not vetoed by the reward's score (RewardResult.verified):
-  # what ReST fits. Equal to correct_PxK unless the reward checks steps.
+  # what ReST fits and the length reward counts as correct. Equal to
+  # correct_PxK unless the reward checks steps.
   verified_PxK: np.ndarray
 
   def informative_P(self, loss: str) -> np.ndarray:
@@ -233,8 +249,9 @@ class RLLoop:
     weight = length_reward.length_reward_weight(
         it, weight=rl.length_reward_weight,
         warmup_iterations=rl.length_reward_warmup)
-    len_r = np.asarray(length_reward.length_reward(lengths, correct))
-    total = task_r + weight * len_r + rl.repeat_penalty * repeat
+    total, len_r = total_reward(task_r, verified, lengths, repeat,
+                                length_weight=weight,
+                                repeat_penalty=rl.repeat_penalty)
     partial = np.array([len(t.segments) > 1 for t in trajs])
     stats = {
         "reward": float(total.mean()), "task_reward": float(task_r.mean()),
