@@ -12,7 +12,8 @@ W/summary.json: curation, warmup, vanilla_eval, warmstart_eval, final_eval
 (pass@1 overall and per task), and the same three on the validation set
 (vanilla_val, warmstart_val, final_val; RL's periodic evaluations read it).
 
-The same run without curation: --config.pipeline.curate=False.
+The same run without curation: --config.pipeline.curate=False (the same
+warm-up rows and warm start; only the RL prompts differ).
 `experiments/gym_tiny.py:micro` is a seconds-scale variant for tests.
 """
 

@@ -24,8 +24,10 @@ checkpoints, the data stages from scratch):
              validation set also vanilla_val, warmstart_val and final_val
              (RL's periodic evaluations then read it, not the held-out set)
 
-`pipeline.curate=False` is the same run without curation: warm-up rows and
-RL prompts come from the raw problems.
+`pipeline.curate=False` is the same run without curation: RL trains on the
+raw problems. The warm-up rows are built alike in both (by default from
+the problems that pass curation's data-quality steps), so the two runs
+share their warm start and differ only in the RL prompt set.
 """
 
 from __future__ import annotations
@@ -58,12 +60,7 @@ from kimi_jax.long2short import policies
 from kimi_jax.rewards.base import RewardFn
 
 SECTIONS = ("pipeline", "gym", "curate", "warmup")
-WARMUP_SOURCES = ("clean", "curated")
-# Curation steps that judge difficulty for RL rather than data quality,
-# and the reasons they give for it (not, e.g., a prompt too long to run).
-DIFFICULTY_STEPS = ("easy_to_hack", "pass_rate", "difficulty_balance")
-DIFFICULTY_REASONS = ("easy_to_hack", "trivial", "unsolved",
-                      "difficulty_balance")
+WARMUP_SOURCES = ("clean", "curated", "train")
 SUMMARY_FILE = "summary.json"
 
 
@@ -89,13 +86,16 @@ class PipelineConfig:
     start of the main job: `long_cot_warmup_steps` up to
     `long_cot_learning_rate`, then down to a tenth of it.
   curate: False runs the same pipeline without curation.
-  warmup_from: which prompts the warm-up rows are sampled for. "curated":
-    the RL prompt set. "clean" (the default): every prompt that passed the
-    data-quality steps (format, dedup), including those the difficulty
-    steps (easy_to_hack, pass_rate, difficulty_balance) keep out of RL:
-    report 2.2 builds its warm-up set apart from the RL prompts, and the
-    difficulty filters are about what RL learns from (2.1), not about
-    which worked solutions are worth imitating.
+  warmup_from: which prompts the warm-up rows are sampled for. "clean"
+    (the default): the train problems that pass curation's data-quality
+    steps (format, dedup against themselves and the held-out and
+    validation problems), in their train order, whether or not `curate`
+    is on: report 2.2 builds its warm-up set apart from the RL prompts, the
+    difficulty steps are about what RL learns from (2.1), not about which
+    worked solutions are worth imitating, and so a run and the same run
+    without curation share their warm-up rows and warm start. "curated":
+    the RL prompt set (the raw problems when `curate` is off). "train":
+    every raw train problem, unfiltered.
   min_word_fraction: the tokenizer's word threshold (text_tokenizer).
   """
 
@@ -132,6 +132,7 @@ FILES = {"train": "data/train.jsonl", "eval": "data/eval.jsonl",
          "val": "data/val.jsonl",
          "sft": "data/vanilla_sft.jsonl", "tokenizer": "tokenizer",
          "curated": "data/curated.jsonl",
+         "clean": "data/clean.jsonl",
          "rejected": "data/curated.rejected.jsonl",
          "curation": "data/curation.json",
          "curate_journal": "data/curated.journal.jsonl",
@@ -303,20 +304,50 @@ def stage_curate(config: ml_collections.ConfigDict, paths: Paths,
                                   paths.curation)
 
 
+def quality_only(cfg: curate_lib.CurateConfig) -> curate_lib.CurateConfig:
+  """`cfg` with every step that asks the model or caps the set switched
+  off: what is left judges the data (format, dedup, tags), not what RL
+  should learn from."""
+  return dataclasses.replace(cfg, easy_to_hack=False, pass_rate=False,
+                             max_per_tag=0, bucket_shares=(),
+                             answer_shift=False)
+
+
+def clean_records(config: ml_collections.ConfigDict, paths: Paths
+                  ) -> list[dict]:
+  """The train problems that pass curation's data-quality steps, in train
+  order, written to W/data/clean.jsonl for inspection. Model-free, so a
+  run and the same run without curation get the same list."""
+  from kimi_jax.data import tools_config
+  cfg = quality_only(tools_config.curate_config(config))
+  result = curate_lib.curate(paths.train, cfg,
+                             held_out=guarded_records(paths, cfg.fields()))
+  curate_lib.write_jsonl(paths.clean, [r.output() for r in result.kept])
+  return [r.record for r in result.kept]
+
+
+def warmup_records(config: ml_collections.ConfigDict, paths: Paths
+                   ) -> tuple[list[dict], str]:
+  """(the records the warm-up rows are sampled for, where they are from),
+  per `pipeline.warmup_from`."""
+  pipe = pipeline_config(config)
+  if pipe.warmup_from == "clean":
+    return clean_records(config, paths), paths.clean
+  from kimi_jax.data import tools_config
+  path = (paths.curated if pipe.warmup_from == "curated" and pipe.curate
+          else paths.train)
+  fields = tools_config.curate_config(config).fields()
+  return list(records_lib.load_prompt_source(path, fields)), path
+
+
 def stage_warmup(config: ml_collections.ConfigDict, paths: Paths,
                  policy: Callable[[], Any], reward: RewardFn) -> dict:
   if os.path.exists(paths.warmup_report):
     with open(paths.warmup_report) as f:
       return json.load(f)
   from kimi_jax.data import tools_config
-  pipe = pipeline_config(config)
   cfg = tools_config.warmup_config(config)
-  source = paths.curated if pipe.curate else paths.train
-  fields = tools_config.curate_config(config).fields()
-  records = list(records_lib.load_prompt_source(source, fields))
-  if pipe.curate and pipe.warmup_from == "clean":
-    records += difficulty_rejected(paths.rejected)
-    source = f"{paths.curated} + {paths.rejected} ({DIFFICULTY_STEPS})"
+  records, source = warmup_records(config, paths)
   journal = tools_config.model_journal(paths.warmup_journal, policy(),
                                        config)
   result = warmup.rejection_sample(records, cfg, policy=policy(),
@@ -330,20 +361,6 @@ def stage_warmup(config: ml_collections.ConfigDict, paths: Paths,
   report = dict(result.report(), input=source, output=paths.warmup)
   _write_json(paths.warmup_report, report)
   return report
-
-
-def difficulty_rejected(rejected_path: str) -> list[dict]:
-  """The rows curation kept out of RL for their difficulty alone, with the
-  fields its steps added before the drop (their tags, for the warm-up's
-  per-tag report)."""
-  out = []
-  with open(rejected_path) as f:
-    for line in f:
-      entry = json.loads(line)
-      if (entry["step"] in DIFFICULTY_STEPS and
-          entry["reason"] in DIFFICULTY_REASONS):
-        out.append(dict(entry["row"], **entry.get("added", {})))
-  return out
 
 
 # ---- the two training runs ------------------------------------------------------

@@ -537,6 +537,13 @@ def test_micro_curation_ablation_runs_the_pipeline_per_arm(tmp_path):
   assert summaries["curated"]["curation"]["enabled"]
   assert not summaries["uncurated"]["curation"]["enabled"]
   assert not (w / "uncurated" / "seed0" / "data" / "curated.jsonl").exists()
+  # Both arms sample their warm-up rows for the same clean problems in the
+  # same order, so they share the warm start and differ only in RL prompts.
+  warmup_rows = [(w / arm / "seed0" / "data" / "warmup.jsonl").read_bytes()
+                 for arm in ("curated", "uncurated")]
+  assert warmup_rows[0] and warmup_rows[0] == warmup_rows[1]
+  assert summaries["curated"]["warmstart_eval"] == summaries["uncurated"][
+      "warmstart_eval"]
   paired = results["arms"]["uncurated"]["vs_reference"]["pass_at_1"]
   assert paired["values"] == [pytest.approx(
       summaries["uncurated"]["final_eval"]["pass_at_1"] -

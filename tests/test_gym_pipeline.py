@@ -229,21 +229,26 @@ def test_micro_pipeline_end_to_end_and_rerun_is_a_no_op(tmp_path):
   per_iteration = gym_tiny.get_config("micro").rl.prompts_per_iteration
   assert ("fewer than one RL iteration draws" in done.stdout) == (
       summary["curation"]["kept"] < per_iteration)
-  # The warm-up rows are verified responses to clean prompts: curated, or
-  # kept out of RL for their difficulty alone (pipeline.warmup_from).
+  # The warm-up rows are verified responses to the clean problems: the
+  # train problems past curation's data-quality steps (those it dropped for
+  # difficulty included), in train order (pipeline.warmup_from).
   reward = registry.make_reward("reasoning_gym")
-  curated = {json.loads(l)["id"]: json.loads(l) for l in open(paths.curated)}
-  by_difficulty = gym_pipeline.difficulty_rejected(paths.rejected)
-  assert all(json.loads(l)["step"] in ("dedup",) + gym_pipeline.
-             DIFFICULTY_STEPS for l in open(paths.rejected))
-  curated.update({r["id"]: r for r in by_difficulty})
+  rejected = [json.loads(l) for l in open(paths.rejected)]
+  assert all(r["step"] in ("dedup", "easy_to_hack", "pass_rate",
+                           "difficulty_balance") for r in rejected)
+  unclean = {r["row"]["id"] for r in rejected if r["step"] == "dedup"}
+  clean = [json.loads(l) for l in open(paths.clean)]
+  assert [r["id"] for r in clean] == [
+      json.loads(l)["id"] for l in open(paths.train)
+      if json.loads(l)["id"] not in unclean]
+  by_id = {r["id"]: r for r in clean}
   rows = [json.loads(l) for l in open(paths.warmup)]
   assert rows and len(rows) == summary["warmup"]["rows"]
   for row in rows:
-    record = curated[row["id"].split("#")[0]]
+    record = by_id[row["id"].split("#")[0]]
     assert row["prompt"] == record["prompt"]
     assert reward(record, row["response"]).correct
-    # Tagged as curation tagged it, kept or dropped.
+    # Tagged as curation tags them.
     assert row["tags"] == record["tags"] == [record["id"].rsplit("/", 2)[0]]
   # The RL run trained on the curated prompts, starting from the vanilla
   # policy, and read their measured pass rates.
