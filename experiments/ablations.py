@@ -18,6 +18,8 @@ launch/ablate.py (kimi_jax/ablation.py). Results: docs/ablations.md.
                     curation vs without it (2.1); each run is the whole
                     pipeline, the arms of a seed share its data and vanilla
                     SFT
+  curation_spelling the same on gym_tiny.py:spelling, a task with room for
+                    RL (its micro variant is curation's)
 
 `NAME,micro` (e.g. `experiments/ablations.py:loss,micro`) puts the micro
 experiment (tiny.py:micro, 3 RL iterations; gym_tiny.py:micro for
@@ -44,6 +46,12 @@ from kimi_jax.ablation import nest
 # is near its final value by iteration 40 (docs/img/eval_curves.png).
 RL_ITERATIONS = 40
 EVAL_EVERY = 5
+
+# The curation ablations' arms: the pipeline with curation on, then off.
+CURATION_ARMS = {
+    "curated": {"pipeline.curate": True},
+    "uncurated": {"pipeline.curate": False},
+}
 
 ABLATIONS = {
     "loss": dict(
@@ -116,19 +124,26 @@ ABLATIONS = {
             "prompt set; issue 16's target: after RL at least the warm "
             "start + 0.15, and at least the run without curation."),
         experiment="gym_tiny",
-        arms={
-            "curated": {"pipeline.curate": True},
-            "uncurated": {"pipeline.curate": False},
-        }),
+        arms=CURATION_ARMS),
+    "curation_spelling": dict(
+        description=(
+            "Report 2.1's curation against raw prompts on "
+            "gym_tiny.py:spelling (lower-case words of 3-7 letters, 120 RL "
+            "iterations), where RL has room to gain; issue 16's target as "
+            "for curation."),
+        experiment="gym_tiny:spelling",
+        arms=CURATION_ARMS),
 }
 
 
 def base_config(micro: bool, experiment: str = "tiny"
                 ) -> ml_collections.ConfigDict:
   """The experiment every arm starts from."""
-  if experiment == "gym_tiny":
+  if experiment.startswith("gym_tiny"):
     # The shipped pipeline as it is (its own RL length); no per-stage plots.
-    c = gym_tiny.get_config("micro" if micro else None)
+    # "gym_tiny:VARIANT" names a variant; micro is always gym_tiny's own.
+    variant = experiment.partition(":")[2] or None
+    c = gym_tiny.get_config("micro" if micro else variant)
     c.log.progress = False
     c.log.plots = False
     return c

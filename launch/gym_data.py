@@ -5,7 +5,9 @@ generators (docs/curation.md), the input of launch/curate.py.
       --train RAW.jsonl --eval EVAL.jsonl [--val VAL.jsonl]
 
 Datasets, sizes and generator options: --config.gym.* (datasets is a
-comma-separated list, options_json a JSON object of per-dataset options).
+comma-separated list, options_json a JSON object of per-dataset options,
+where_json per-dataset {record field: regex} filters, e.g.
+'{"spell_backward": {"metadata.word": "^[a-z]+$"}}' for lower-case words).
 """
 
 import json

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ABLATIONS = os.path.join(ROOT, "experiments", "ablations.py")
 TINY = os.path.join(ROOT, "experiments", "tiny.py")
 NAMES = ("loss", "sampling", "length_penalty", "partial_segments", "baseline",
-         "curation")
+         "curation", "curation_spelling")
 
 
 def _toy(arms=None, **extra) -> ml_collections.ConfigDict:
@@ -155,7 +155,7 @@ def test_ablation_variants_cite_the_report_and_reject_unknown_names():
   assert "Figure 10" in text["loss"] and "Figure 9" in text["sampling"]
   assert "2.3.3" in text["length_penalty"] and "2.6.2" in text[
       "partial_segments"] and "2.3.2" in text["baseline"]
-  assert "2.1" in text["curation"]
+  assert "2.1" in text["curation"] and "2.1" in text["curation_spelling"]
   with pytest.raises(ConfigError, match="unknown ablation"):
     load_config(ABLATIONS + ":lossy")
   with pytest.raises(ConfigError, match="unknown modifier"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -178,6 +179,40 @@ def test_config_errors_name_the_key():
   config.sft.steps = 0
   with pytest.raises(ConfigError, match="config.task.tokenizer"):
     parse_config(config)
+
+
+def test_spelling_variant_data_stage_and_job_configs(tmp_path):
+  """gym_tiny.py:spelling: its data stage writes lower-case words of 3-7
+  letters only, in disjoint splits, and both of its training stages parse
+  as main-job configs (the rest of the pipeline is the micro run's). Its
+  stages verify as RL does, so the pipeline has no mismatch to warn of."""
+  from kimi_jax.experiment import parse_config
+  config = gym_tiny.get_config("spelling")
+  config.gym.update(size=30, eval_size=5, val_size=5)
+  config.pipeline.sft_problems = 40
+  gym_pipeline.check(config)
+  paths = gym_pipeline.Paths(str(tmp_path))
+  gym_pipeline.stage_data(config, paths)
+  rows = {name: [json.loads(l) for l in open(getattr(paths, name))]
+          for name in ("train", "eval", "val", "sft")}
+  assert [len(rows[n]) for n in ("train", "eval", "val", "sft")] == [
+      30, 5, 5, 40]
+  words = [r["metadata"]["word"] for n in ("train", "eval", "val")
+           for r in rows[n]]
+  assert all(w.islower() and 3 <= len(w) <= 7 for w in words)
+  ids = [r["id"] for n in rows for r in rows[n]]
+  assert len(ids) == len(set(ids))
+  assert gym_pipeline.verifier_mismatch(
+      config.reward.name, config.task.reward) is None
+  # The RL stage reads curation's and the warm-up's files: stand-ins.
+  shutil.copy(paths.train, paths.curated)
+  with open(paths.warmup, "w") as f:
+    f.write(json.dumps({"prompt": rows["train"][0]["prompt"],
+                        "response": "<answer>x</answer>"}) + "\n")
+  for stage in ("vanilla", "rl"):
+    job = gym_pipeline.job_config(config, paths, stage=stage)
+    parse_config(job)
+  assert job.sft.learning_rate == 1e-4 and job.rl.iterations == 120
 
 
 def test_verifier_mismatch_names_both_keys():
@@ -374,6 +409,55 @@ def test_validation_problems_are_the_items_after_the_held_out_ones():
       no_val, 2)] == [8, 9]
   with pytest.raises(ValueError, match="gym.val_size"):
     GymConfig(val_size=-1)
+
+
+def test_where_filter_takes_the_matching_items_in_generator_order():
+  """gym.where_json: item k of a set is the k-th generator item whose
+  field matches, computed here from the unfiltered generator."""
+  from kimi_jax.data.gym_problems import (GymConfig, problem_sets,
+                                          validation_set)
+  options = {"spell_backward": {"min_word_len": 3, "max_word_len": 7}}
+  where = {"spell_backward": {"metadata.word": "^[A-Z]"}}
+  gym = GymConfig(datasets="spell_backward", size=6, eval_size=3,
+                  val_size=2, options_json=json.dumps(options),
+                  where_json=json.dumps(where), prompt_suffix="")
+  direct = make_records("spell_backward", size=400, seed=0,
+                        prompt_suffix="", **options["spell_backward"])
+  capitalised = [r for r in direct if r["metadata"]["word"][0].isupper()]
+  # Proper nouns are about one word in seven: the filter must skip items.
+  assert capitalised[10]["rg"]["index"] > 10
+  train, held = problem_sets(gym)
+  val = validation_set(gym)
+  sft = gym_pipeline.vanilla_problems(gym, 3)
+  got = [r["rg"]["index"] for r in train + held + val + sft]
+  assert got == [r["rg"]["index"] for r in capitalised[:14]]
+  assert [r["question"] for r in train] == [
+      r["question"] for r in capitalised[:6]]
+  # Each filtered record still verifies with reasoning-gym's scorer.
+  from kimi_jax.rewards.reasoning_gym import ReasoningGymReward
+  result = ReasoningGymReward()(held[0],
+                                f"<answer>{held[0]['answer']}</answer>")
+  assert result.verified and result.score == 1.0
+
+
+@pytest.mark.parametrize("where, match", [
+    ({"chain_sum": {"metadata.word": "x"}}, "not in gym.datasets"),
+    ({"spell_backward": {"metadata.word": "(["}}, "spell_backward.*bad"),
+    ({"spell_backward": "^a"}, "object of objects"),
+])
+def test_where_filter_errors_name_the_key(where, match):
+  from kimi_jax.data.gym_problems import GymConfig
+  with pytest.raises(ValueError, match=match):
+    GymConfig(datasets="spell_backward", where_json=json.dumps(where))
+
+
+def test_where_filter_that_matches_nothing_is_an_error():
+  from kimi_jax.data.gym_problems import GymConfig, problem_sets
+  gym = GymConfig(datasets="spell_backward", size=2, eval_size=0,
+                  where_json=json.dumps(
+                      {"spell_backward": {"metadata.word": "^[0-9]+$"}}))
+  with pytest.raises(ValueError, match="only 0 of .* items match"):
+    problem_sets(gym)
 
 
 def test_copy_first_stages_needs_finished_ones_and_replaces_a_partial_copy(

@@ -7,16 +7,25 @@ Train rows are items [0, size) of a dataset's generator at `seed`; held-out
 rows are items [size, size + eval_size) of the same generator, and
 validation rows (optional, ours) the next `val_size` items, so all come
 from one distribution and never share an item index (a small generator can
-still produce the same text twice; curation's dedup drops repeats).
+still produce the same text twice; curation's dedup drops repeats). With a
+`where` filter (GymConfig.where_json), "item k" means the k-th item that
+passes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import re
 from typing import Any, Mapping
 
 from kimi_jax.rewards.reasoning_gym import DEFAULT_PROMPT_SUFFIX, make_records
+from kimi_jax.rl.breakdown import record_field
+
+# A filter matching fewer than one item in this many is an error, not a
+# long loop.
+_MAX_SCAN = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +43,12 @@ class GymConfig:
   options_json: str = "{}"
   # Appended to every question to make the prompt (the format instruction).
   prompt_suffix: str = DEFAULT_PROMPT_SUFFIX
+  # Per dataset, {record field path: regex}: only items whose every named
+  # field matches (re.search) are used, so a generator's distribution can
+  # be narrowed where its own options cannot (e.g. spell_backward's word
+  # list without proper nouns: {"spell_backward": {"metadata.word":
+  # "^[a-z]+$"}}). Item k of a set is then the k-th matching item.
+  where_json: str = "{}"
 
   def __post_init__(self):
     if not self.names():
@@ -43,6 +58,7 @@ class GymConfig:
     if unknown:
       raise ValueError(f"gym.options_json names datasets not in "
                        f"gym.datasets: {unknown}")
+    self.where()
 
     for key in ("size", "eval_size", "val_size"):
       if getattr(self, key) < 0:
@@ -66,28 +82,81 @@ class GymConfig:
       raise ValueError("gym.options_json must be an object of objects")
     return value
 
+  def where(self) -> dict[str, dict[str, str]]:
+    try:
+      value = json.loads(self.where_json)
+    except json.JSONDecodeError as exc:
+      raise ValueError(f"gym.where_json: not JSON ({exc})") from None
+    if not isinstance(value, dict) or not all(
+        isinstance(v, dict) and all(isinstance(p, str) for p in v.values())
+        for v in value.values()):
+      raise ValueError("gym.where_json must be an object of objects of "
+                       "regex strings ({dataset: {field.path: pattern}})")
+    unknown = sorted(set(value) - set(self.names()))
+    if unknown:
+      raise ValueError(f"gym.where_json names datasets not in "
+                       f"gym.datasets: {unknown}")
+    for name, fields in value.items():
+      for path, pattern in fields.items():
+        try:
+          re.compile(pattern)
+        except re.error as exc:
+          raise ValueError(f"gym.where_json[{name!r}][{path!r}]: bad "
+                           f"pattern {pattern!r} ({exc})") from None
+    return value
+
+
+def _matches(record: Mapping[str, Any], fields: Mapping[str, str]) -> bool:
+  for path, pattern in fields.items():
+    try:
+      value = record_field(record, path)
+    except KeyError:
+      return False
+    text = value if isinstance(value, str) else json.dumps(value)
+    if not re.search(pattern, text):
+      return False
+  return True
+
+
+def dataset_items(cfg: GymConfig, name: str, stop: int) -> list[dict]:
+  """The first `stop` items of one generator that pass its `where` filter
+  (all items when it has none)."""
+  make = functools.partial(make_records, name, seed=cfg.seed,
+                           prompt_suffix=cfg.prompt_suffix,
+                           **cfg.options().get(name, {}))
+  fields = cfg.where().get(name)
+  if not fields:
+    return make(size=stop)
+  size = stop
+  while True:
+    kept = [r for r in make(size=size) if _matches(r, fields)]
+    if len(kept) >= stop:
+      return kept[:stop]
+    if size >= _MAX_SCAN * max(stop, 1):
+      raise ValueError(
+          f"gym.where_json[{name!r}]: only {len(kept)} of {size} items "
+          f"match, {stop} are needed")
+    # Grow by the observed match rate (tenfold while nothing matches).
+    size = (int(size * stop / len(kept) * 1.1) + 16 if kept
+            else 10 * size)
+
 
 def problem_sets(cfg: GymConfig) -> tuple[list[dict], list[dict]]:
   """(train rows, held-out rows) over every dataset of `cfg`."""
   train, held = [], []
-  options: Mapping[str, dict] = cfg.options()
   for name in cfg.names():
-    rows = make_records(name, size=cfg.size + cfg.eval_size, seed=cfg.seed,
-                        prompt_suffix=cfg.prompt_suffix,
-                        **options.get(name, {}))
+    rows = dataset_items(cfg, name, cfg.size + cfg.eval_size)
     train += rows[:cfg.size]
     held += rows[cfg.size:]
   return train, held
 
 
 def generator_items(cfg: GymConfig, start: int, stop: int) -> list[dict]:
-  """Items [start, stop) of each dataset's generator, dataset by dataset."""
-  options: Mapping[str, dict] = cfg.options()
+  """Items [start, stop) of each dataset's generator (matching items when
+  it has a `where` filter), dataset by dataset."""
   out: list[dict] = []
   for name in cfg.names():
-    out += make_records(name, size=stop, seed=cfg.seed,
-                        prompt_suffix=cfg.prompt_suffix,
-                        **options.get(name, {}))[start:]
+    out += dataset_items(cfg, name, stop)[start:]
   return out
 
 
