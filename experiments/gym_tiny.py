@@ -5,9 +5,9 @@ laptop CPU (kimi_jax/gym_pipeline.py, docs/curation.md): problems from
 reasoning-gym's generators and a tokenizer built on them; vanilla SFT of a
 small model from scratch on worked solutions; curation of the RL prompts
 with that model (easy-to-hack and pass-rate steps, report 2.1; the
-spelling variant also balances the difficulty buckets); long-CoT warm-up rows by rejection sampling it (2.2); then the
-main job: long-CoT SFT on those rows and Kimi k1.5 RL on the curated
-prompts. W/summary.json: curation, warmup, vanilla_eval, warmstart_eval,
+spelling variant also balances the difficulty buckets); long-CoT warm-up
+rows by rejection sampling it (2.2); then the main job: long-CoT SFT on
+those rows and Kimi k1.5 RL on the curated prompts. W/summary.json: curation, warmup, vanilla_eval, warmstart_eval,
 final_eval (pass@1 overall and per task), and the same three on the
 validation set (vanilla_val, warmstart_val, final_val; RL's periodic
 evaluations read it).
@@ -17,8 +17,8 @@ Variants:
              vanilla steps: nearly solved before RL (about 9.5 minutes
              on 2 cores).
   spelling   spelling backward, lower-case words of 3-7 letters, 300
-             vanilla steps, 120 RL iterations: room for RL (about 14
-             minutes).
+             vanilla steps, 120 RL iterations: room for RL (15.5
+             minutes measured; seed 0 only, docs/curation.md).
   micro      the default at seconds scale, for tests.
 
 The same run without curation: --config.pipeline.curate=False (the same
@@ -120,9 +120,10 @@ def spelling_with_room(c: ml_collections.ConfigDict) -> None:
   (about one word in six), whose capital first letter this model rarely
   sees and cannot learn to copy, so they capped every run near 0.8
   (docs/curation.md). 300 vanilla steps leave the model that half with
-  seed 0 (with seed 1 it has not learned to copy yet: docs/curation.md);
-  120 RL iterations fit the 15 minutes. Steps are checked (reasoning_gym_steps):
-  a lucky answer after a wrong copy earns nothing. The curated set is
+  seed 0 (with seeds 1 and 2 it has not learned to copy yet:
+  docs/curation.md); with 120 RL iterations the job took 15.5 minutes.
+  Steps are checked (reasoning_gym_steps): a lucky answer after a wrong
+  copy earns nothing. The curated set is
   balanced across the easy, medium and hard thirds (report 2.1), RL's
   prioritized sampling starts from each prompt's measured pass rate, and
   the long-CoT stage peaks at 1e-4, enough to switch the plain prompt to

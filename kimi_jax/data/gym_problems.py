@@ -21,7 +21,7 @@ import re
 from typing import Any, Mapping
 
 from kimi_jax.rewards.reasoning_gym import DEFAULT_PROMPT_SUFFIX, make_records
-from kimi_jax.rl.breakdown import record_field
+from kimi_jax.rl.breakdown import Split
 
 # A filter matching fewer than one item in this many is an error, not a
 # long loop.
@@ -107,15 +107,10 @@ class GymConfig:
 
 
 def _matches(record: Mapping[str, Any], fields: Mapping[str, str]) -> bool:
-  for path, pattern in fields.items():
-    try:
-      value = record_field(record, path)
-    except KeyError:
-      return False
-    text = value if isinstance(value, str) else json.dumps(value)
-    if not re.search(pattern, text):
-      return False
-  return True
+  """Whether every field's text matches its pattern (a missing field does
+  not), as launch/evaluate.py's --by NAME=FIELD:PATTERN groups read it."""
+  return all(Split(path, path, pattern).label(record) == "yes"
+             for path, pattern in fields.items())
 
 
 def dataset_items(cfg: GymConfig, name: str, stop: int) -> list[dict]:
@@ -132,7 +127,7 @@ def dataset_items(cfg: GymConfig, name: str, stop: int) -> list[dict]:
     kept = [r for r in make(size=size) if _matches(r, fields)]
     if len(kept) >= stop:
       return kept[:stop]
-    if size >= _MAX_SCAN * max(stop, 1):
+    if size >= _MAX_SCAN * stop:
       raise ValueError(
           f"gym.where_json[{name!r}]: only {len(kept)} of {size} items "
           f"match, {stop} are needed")
