@@ -128,9 +128,10 @@ ABLATIONS = {
     "curation_spelling": dict(
         description=(
             "Report 2.1's curation against raw prompts on "
-            "gym_tiny.py:spelling (lower-case words of 3-7 letters, 120 RL "
-            "iterations), where RL has room to gain; issue 16's target as "
-            "for curation."),
+            "gym_tiny.py:spelling (lower-case words of 3-7 letters, a "
+            "vanilla stage that stops at a competence level, 60 RL "
+            "iterations, 500 held-out problems), where RL has room to "
+            "gain; issue 16's target as for curation."),
         experiment="gym_tiny:spelling",
         arms=CURATION_ARMS),
 }

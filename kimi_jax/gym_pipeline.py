@@ -70,7 +70,15 @@ class PipelineConfig:
   model this small).
 
   vanilla_sft_steps: steps of the vanilla SFT stage (its learning rates:
-    the job's sft section).
+    the job's sft section); with `vanilla_stop_at_val_pass`, the most it
+    may take.
+  vanilla_stop_at_val_pass: 0 (off), or the validation pass@1 at which the
+    vanilla stage ends, checked every `vanilla_check_every` steps
+    (sft.stop_at_val_pass): a model learns a task like copying letters
+    suddenly, after a number of steps that differs from seed to seed, so a
+    fixed count leaves one seed's model unable to start and another's with
+    nothing left for RL to gain (docs/curation.md, measured). Needs
+    `gym.val_size` > 0.
   sft_problems: vanilla-SFT problems per dataset, drawn past the train and
     held-out items of each generator.
   direct_fraction: share of them answered directly; the rest are solved
@@ -100,6 +108,8 @@ class PipelineConfig:
   """
 
   vanilla_sft_steps: int = 300
+  vanilla_stop_at_val_pass: float = 0.0
+  vanilla_check_every: int = 25
   sft_problems: int = 400
   direct_fraction: float = 0.5
   cot_cue: str = "\nThink step by step."
@@ -117,6 +127,11 @@ class PipelineConfig:
     if self.vanilla_sft_steps < 1 or self.sft_problems < 1:
       raise ValueError("pipeline.vanilla_sft_steps and sft_problems must be "
                        ">= 1")
+    if not 0 <= self.vanilla_stop_at_val_pass <= 1:
+      raise ValueError("pipeline.vanilla_stop_at_val_pass must be in [0, 1] "
+                       "(0: off)")
+    if self.vanilla_check_every < 1:
+      raise ValueError("pipeline.vanilla_check_every must be >= 1")
     if self.long_cot_sft_steps < 0:
       raise ValueError("pipeline.long_cot_sft_steps must be >= 0")
     for key in ("direct_fraction", "cued_fraction"):
@@ -179,6 +194,8 @@ def job_config(config: ml_collections.ConfigDict, paths: Paths, *,
   if stage == "vanilla":
     out.task.train_path = paths.train
     out.sft.steps = pipe.vanilla_sft_steps
+    out.sft.stop_at_val_pass = pipe.vanilla_stop_at_val_pass
+    out.sft.check_every = pipe.vanilla_check_every
     out.sft.train_path = paths.sft
     out.rl.iterations = 0
     out.rl.eval_every = 0
@@ -190,6 +207,7 @@ def job_config(config: ml_collections.ConfigDict, paths: Paths, *,
     out.sft.learning_rate = pipe.long_cot_learning_rate
     out.sft.warmup_steps = pipe.long_cot_warmup_steps
     out.sft.final_learning_rate = pipe.long_cot_learning_rate / 10
+    out.sft.stop_at_val_pass = 0.0
     if not pipe.curate:
       out.prompt_sampling.initial_success_field = ""
   else:
@@ -200,8 +218,10 @@ def job_config(config: ml_collections.ConfigDict, paths: Paths, *,
 def check(config: ml_collections.ConfigDict) -> None:
   """Every section typed and both training stages' configs valid, before
   anything runs (the data files they name need not exist yet)."""
-  pipeline_config(config)
-  gym_config(config)
+  pipe, gym = pipeline_config(config), gym_config(config)
+  if pipe.vanilla_stop_at_val_pass and not gym.val_size:
+    raise ConfigError("pipeline.vanilla_stop_at_val_pass checks a "
+                      "validation set: set gym.val_size > 0")
   from kimi_jax.data import tools_config
   tools_config.curate_config(config)
   tools_config.warmup_config(config)
@@ -549,6 +569,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                      paths.rl, init_from=paths.vanilla))
   summary = {"curation": _curation_summary(curation),
              "warmup": _warmup_summary(warm),
+             "vanilla_sft_steps": vanilla.get("sft_steps"),
              "vanilla_eval": vanilla["final_eval"],
              "warmstart_eval": final["warmstart_eval"],
              "final_eval": final["final_eval"],

@@ -226,11 +226,14 @@ def _sft_host(step: int, data: sft_lib.SFTData) -> dict:
 def run_sft(job: Job, state: ts.TrainState, start_step: int,
             data_state: dict | None, optimizer,
             shardings: ts.TrainState, stage2_state: dict | None = None
-            ) -> ts.TrainState:
+            ) -> tuple[ts.TrainState, int]:
   """Stage one: supervised warm start on packed rows, checkpointed on the
   way with the data position, so a resumed stage sees the same batches.
   With `sft.stage2_train_path` the last `sft.stage2_steps` steps draw from
   that set instead (the long-CoT stage); its position is `stage2_state`.
+  With `sft.stop_at_val_pass` the stage ends at the first validation check
+  that reaches it; the checkpoint of that step says so (`sft_stopped`), so
+  a resumed job does not train on. Returns (state, steps trained).
 
   A step's metrics are read back after the next step is dispatched.
   """
@@ -255,6 +258,10 @@ def run_sft(job: Job, state: ts.TrainState, start_step: int,
                                        rows_sh)
   lr = _learning_rates(sft_lib.optimizer_config(cfg.sft), cfg.sft.steps)
   every = max(1, cfg.sft.steps // 4)
+  target, check_every = cfg.sft.stop_at_val_pass, cfg.sft.check_every
+  if target and job.validator is None:
+    raise ConfigError("sft.stop_at_val_pass needs a validation set "
+                      "(task.val_path)")
   t0 = time.perf_counter()
   pending = None
 
@@ -284,19 +291,37 @@ def run_sft(job: Job, state: ts.TrainState, start_step: int,
         data_stage=1 if batches is data.batches else 2,
         loss_tokens=float(host["mask"].sum()),
         row_fill=float((host["segment_ids"] > 0).mean())))
-    if (step + 1) % every == 0 and step + 1 < cfg.sft.steps:
+    done = step + 1
+    stop = (target and done % check_every == 0 and done < cfg.sft.steps
+            and reached(job, state.params, done, target))
+    if stop or (done % every == 0 and done < cfg.sft.steps):
       report(*pending)
       pending = None
-      job.checkpointer.save(step + 1, params=state.params,
+      job.checkpointer.save(done, params=state.params,
                             opt_state=state.opt_state,
-                            host=_sft_host(step + 1, data))
+                            host=dict(_sft_host(done, data),
+                                      sft_stopped=bool(stop)))
+    if stop:
+      break
+  else:
+    done = cfg.sft.steps
   if pending is not None:
     report(*pending)
   packed = data.batches.position + (data.stage2.position
                                     if data.stage2 is not None else 0)
-  log(f"warm start: {cfg.sft.steps} steps ({packed} examples packed), "
+  log(f"warm start: {done} steps ({packed} examples packed), "
       f"compiled {counter.count}x")
-  return state
+  return state, done
+
+
+def reached(job: Job, params, step: int, target: float) -> bool:
+  """Whether the validation pass@1 of `params` reaches `target` (an SFT
+  stage's stopping check at `step`, logged as stage "sft_val")."""
+  result = dataclasses.asdict(job.validator(params))
+  job.metrics.write(step, "sft_val", result)
+  log(f"SFT step {step}: validation pass@1 {result['pass_at_1']:.3f} "
+      f"(stops at {target:g})")
+  return result["pass_at_1"] >= target
 
 
 def sft_optimizer(cfg: ExperimentConfig):
@@ -336,7 +361,8 @@ def export_policy(job: Job, params) -> str | None:
 
 def _write_summary(job: Job, loop_state: LoopState, final: dict,
                    final_val: dict | None, export: str | None) -> dict:
-  summary = {"warmstart_eval": loop_state.warmstart_eval,
+  summary = {"sft_steps": sft_steps_trained(job.metrics.path),
+             "warmstart_eval": loop_state.warmstart_eval,
              "final_eval": final,
              "compiles": job.rl_loop().compile_counts(),
              "counters": dataclasses.asdict(loop_state.counters),
@@ -351,6 +377,13 @@ def _write_summary(job: Job, loop_state: LoopState, final: dict,
     if job.cfg.log.plots:
       metrics_lib.plot_run(job.metrics.path, job.workdir)
   return summary
+
+
+def sft_steps_trained(metrics_path: str) -> int:
+  """Steps the SFT stage trained: fewer than sft.steps when it stopped at
+  sft.stop_at_val_pass."""
+  return max((int(r["step"]) for r in metrics_lib.read_jsonl(metrics_path)
+              if r.get("stage") == "sft"), default=0)
 
 
 def _save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -411,10 +444,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       # in an SFT-only run, whose final one is the warm start's (kept).
       last_eval = (it if it < cfg.rl.iterations or cfg.rl.iterations == 0
                    else it - 1)
-      limits = ({"data": 0, "sft": cfg.sft.steps, "eval": last_eval,
-                 "val": last_eval, "rl": it}
+      sft_steps = int(host.get("sft_steps", cfg.sft.steps))
+      limits = ({"data": 0, "sft": sft_steps, "sft_val": sft_steps,
+                 "eval": last_eval, "val": last_eval, "rl": it}
                 if host["stage"] == "rl" else
-                {"data": 0, "sft": int(host.get("sft_step", 0))})
+                {"data": 0, "sft": int(host.get("sft_step", 0)),
+                 "sft_val": int(host.get("sft_step", 0))})
       metrics_lib.drop_after(job.metrics.path, limits)
 
   if host["stage"] == "sft":
@@ -422,10 +457,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       state = ts.create_state(params, sft_opt, sft_shardings)
       if opt_state is not None:
         state = state.replace(opt_state=opt_state)
-    if cfg.sft.steps > 0:
-      state = run_sft(job, state, int(host.get("sft_step", 0)),
-                      host.get("data"), sft_opt, sft_shardings,
-                      stage2_state=host.get("data2"))
+    sft_steps = int(host.get("sft_step", 0))
+    if cfg.sft.steps > 0 and not host.get("sft_stopped"):
+      state, sft_steps = run_sft(job, state, sft_steps, host.get("data"),
+                                 sft_opt, sft_shardings,
+                                 stage2_state=host.get("data2"))
     warm = dataclasses.asdict(job.evaluator(state.params))
     job.metrics.write(0, "eval", warm)
     # An SFT-only job (the gym pipeline's vanilla stage) has no RL to warm.
@@ -437,7 +473,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     loop_state = job.initial_loop_state(
         warmstart_eval=warm, warmstart_val=job.validate(state.params, 0))
     ckpt.save(rl_step(cfg, 0), params=state.params,
-              host={"stage": "rl", "loop": loop_state.to_json()})
+              host={"stage": "rl", "loop": loop_state.to_json(),
+                    "sft_steps": sft_steps})
     train = job.learner.init_state(state.params)
   else:
     loop_state = job.restore_loop_state(host["loop"])

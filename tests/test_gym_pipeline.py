@@ -212,7 +212,27 @@ def test_spelling_variant_data_stage_and_job_configs(tmp_path):
   for stage in ("vanilla", "rl"):
     job = gym_pipeline.job_config(config, paths, stage=stage)
     parse_config(job)
-  assert job.sft.learning_rate == 1e-4 and job.rl.iterations == 120
+  assert job.sft.learning_rate == 1e-4 and job.rl.iterations == 60
+  vanilla = gym_pipeline.job_config(config, paths, stage="vanilla")
+  assert (vanilla.sft.stop_at_val_pass, vanilla.sft.steps) == (0.25, 1000)
+
+
+def test_vanilla_stop_reaches_only_the_vanilla_stage_and_needs_validation():
+  config = gym_tiny.get_config("micro")
+  config.pipeline.update(vanilla_stop_at_val_pass=0.4, vanilla_check_every=7)
+  config.gym.val_size = 2
+  gym_pipeline.check(config)
+  paths = gym_pipeline.Paths("/w")
+  vanilla = gym_pipeline.job_config(config, paths, stage="vanilla").sft
+  assert (vanilla.stop_at_val_pass, vanilla.check_every) == (0.4, 7)
+  rl = gym_pipeline.job_config(config, paths, stage="rl").sft
+  assert rl.stop_at_val_pass == 0.0
+  config.gym.val_size = 0
+  with pytest.raises(ConfigError, match="gym.val_size"):
+    gym_pipeline.check(config)
+  config.pipeline.vanilla_stop_at_val_pass = 1.2
+  with pytest.raises(ValueError, match="pipeline.vanilla_stop_at_val_pass"):
+    gym_pipeline.check(config)
 
 
 def test_verifier_mismatch_names_both_keys():

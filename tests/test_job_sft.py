@@ -4,6 +4,7 @@ it would have seen."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -14,8 +15,9 @@ import pytest
 
 from kimi_jax import job as job_lib
 from kimi_jax import train_step as ts
-from kimi_jax.config import load_config
+from kimi_jax.config import ConfigError, load_config
 from kimi_jax.experiment import parse_config
+from kimi_jax.rl.evaluation import EvalResult
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "experiments", "tiny.py")
@@ -26,9 +28,15 @@ class _Stop(Exception):
   """Stands for the process dying right after a checkpoint."""
 
 
-def _job(workdir) -> job_lib.Job:
+def _config(**changes):
   config = load_config(TINY + ":micro", {"sft.steps": STEPS})
-  return job_lib.build(parse_config(config, jax.device_count()),
+  with config.unlocked():
+    config.sft.update(changes)
+  return config
+
+
+def _job(workdir, **changes) -> job_lib.Job:
+  return job_lib.build(parse_config(_config(**changes), jax.device_count()),
                        str(workdir))
 
 
@@ -68,7 +76,7 @@ def _host_params(state) -> list[np.ndarray]:
 def test_interrupted_sft_resumes_with_the_same_batches(tmp_path):
   whole = _job(tmp_path / "whole")
   state, opt, sh = _fresh(whole)
-  want = _host_params(job_lib.run_sft(whole, state, 0, None, opt, sh))
+  want = _host_params(job_lib.run_sft(whole, state, 0, None, opt, sh)[0])
   with open(tmp_path / "whole" / "metrics.jsonl") as f:
     examples = [r["examples"] for r in map(json.loads, f)
                 if r["stage"] == "sft"]
@@ -97,7 +105,8 @@ def test_interrupted_sft_resumes_with_the_same_batches(tmp_path):
   assert host["stage"] == "sft" and host["sft_step"] == 4
   assert set(host["data"]) == {"position", "seed", "size"}
   assert host["data"]["position"] > 4 * again.cfg.sft.batch_size  # packed
-  got = _host_params(job_lib.run_sft(again, state, 4, host["data"], opt, sh))
+  got = _host_params(job_lib.run_sft(again, state, 4, host["data"], opt,
+                                     sh)[0])
   for a, b in zip(got, want):
     np.testing.assert_array_equal(a, b)
   assert _losses(tmp_path / "cut") == _losses(tmp_path / "whole")
@@ -107,5 +116,67 @@ def test_interrupted_sft_resumes_with_the_same_batches(tmp_path):
   other = _job(tmp_path / "cut_again")
   state, opt, sh, host = _restored(other, 4)
   wrong = _host_params(job_lib.run_sft(
-      other, state, 4, dict(host["data"], position=0), opt, sh))
+      other, state, 4, dict(host["data"], position=0), opt, sh)[0])
   assert any(not np.array_equal(a, b) for a, b in zip(wrong, want))
+
+
+class _ScriptedValidator:
+  """Stands for the validation sampler: the pass@1 of each check in turn,
+  so the stopping rule, not the model, is what is tested."""
+
+  def __init__(self, rates):
+    self.rates, self.calls = list(rates), 0
+
+  def __call__(self, params):
+    self.calls += 1
+    return EvalResult(pass_at_1=self.rates.pop(0), greedy_accuracy=0.0,
+                      mean_length=1.0, n_problems=1)
+
+
+def test_sft_stops_at_the_first_check_that_reaches_the_target(tmp_path):
+  """sft.stop_at_val_pass: checks every 2 steps read 0.2 then 0.6 against a
+  target of 0.5, so the stage ends after step 4 with the params a whole
+  8-step stage had at its step-4 checkpoint (same schedule, same batches),
+  that checkpoint says it stopped, and a resumed job trains no further."""
+  whole = _job(tmp_path / "whole")
+  state, opt, sh = _fresh(whole)
+  job_lib.run_sft(whole, state, 0, None, opt, sh)
+  want = _host_params(_restored(whole, 4)[0])
+  whole.checkpointer.close()
+
+  changes = dict(stop_at_val_pass=0.5, check_every=2)
+  stopped = dataclasses.replace(_job(tmp_path / "stop", **changes),
+                                validator=_ScriptedValidator([0.2, 0.6]))
+  state, opt, sh = _fresh(stopped)
+  state, steps = job_lib.run_sft(stopped, state, 0, None, opt, sh)
+  assert steps == 4 and stopped.validator.calls == 2
+  for a, b in zip(_host_params(state), want):
+    np.testing.assert_array_equal(a, b)
+  assert stopped.checkpointer.latest_step() == 4
+  assert _restored(stopped, 4)[3]["sft_stopped"] is True
+  assert sorted(_losses(tmp_path / "stop")) == [1, 2, 3, 4]
+  stopped.checkpointer.close()
+
+  # The resumed job (its validator would now read the target at once, but
+  # it is never asked) takes the stopped step's params as its warm start.
+  config = _config(**changes)
+  config.rl.iterations = 0
+  summary = job_lib.train_and_evaluate(config, str(tmp_path / "stop"))
+  assert summary["sft_steps"] == 4
+  assert sorted(_losses(tmp_path / "stop")) == [1, 2, 3, 4]
+
+
+def test_sft_stop_needs_a_validation_set(tmp_path):
+  job = _job(tmp_path / "w", stop_at_val_pass=0.5, check_every=2)
+  state, opt, sh = _fresh(job)
+  with pytest.raises(ConfigError, match="task.val_path"):
+    job_lib.run_sft(job, state, 0, None, opt, sh)
+  job.checkpointer.close()
+
+
+@pytest.mark.parametrize("changes, key", [
+    (dict(stop_at_val_pass=1.5, check_every=2), "sft.stop_at_val_pass"),
+    (dict(stop_at_val_pass=0.5, check_every=0), "sft.check_every")])
+def test_sft_stop_config_errors_name_the_key(changes, key):
+  with pytest.raises(ValueError, match=key):
+    parse_config(_config(**changes), jax.device_count())
