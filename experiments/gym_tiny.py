@@ -4,8 +4,7 @@ From raw reasoning-gym problems to an RL-trained policy in one job, on a
 laptop CPU (kimi_jax/gym_pipeline.py, docs/curation.md): problems from
 reasoning-gym's generators and a tokenizer built on them; vanilla SFT of a
 small model from scratch on worked solutions; curation of the RL prompts
-with that model (easy-to-hack and pass-rate steps, report 2.1; the
-spelling variant also balances the difficulty buckets); long-CoT warm-up
+with that model (easy-to-hack and pass-rate steps, report 2.1); long-CoT warm-up
 rows by rejection sampling it (2.2); then the main job: long-CoT SFT on
 those rows and Kimi k1.5 RL on the curated prompts. W/summary.json: curation, warmup, vanilla_eval, warmstart_eval,
 final_eval (pass@1 overall and per task), and the same three on the
@@ -16,9 +15,10 @@ Variants:
   (default)  chain sums, spelling backward and letter counting, 1500
              vanilla steps: nearly solved before RL (about 9.5 minutes
              on 2 cores).
-  spelling   spelling backward, lower-case words of 3-7 letters, 300
-             vanilla steps, 120 RL iterations: room for RL (15.5
-             minutes measured; seed 0 only, docs/curation.md).
+  spelling   spelling backward, lower-case words of 3-7 letters, a
+             vanilla stage that stops at validation pass@1 0.25, 60 RL
+             iterations, 500 held-out problems: room for RL (10 minutes
+             for seed 0; three seeds in docs/curation.md).
   micro      the default at seconds scale, for tests.
 
 The same run without curation: --config.pipeline.curate=False (the same
@@ -122,7 +122,7 @@ def spelling_with_room(c: ml_collections.ConfigDict) -> None:
   sees and cannot learn to copy, so they capped every run near 0.8
   (docs/curation.md). The vanilla stage stops once a quarter of the
   validation answers are right (checked every 25 steps, at most 1000):
-  the model learns to copy letters suddenly, after 150 to 600 steps
+  the model learns to copy letters suddenly, after 200 to 600 steps
   depending on the seed, so a fixed count left one seed unable to start
   and another with nothing left to gain. Steps are checked
   (reasoning_gym_steps): a lucky answer after a wrong copy earns nothing.
