@@ -277,8 +277,11 @@ def run_sft(job: Job, state: ts.TrainState, start_step: int,
         steps_per_s=(step + 1 - start_step) / (time.perf_counter() - t0),
         **data))
 
+  # The bar counts to sft.steps; a stage that stops early ends short of it.
+  label = "warm start (SFT" + (f"; ends early at validation pass@1 >= "
+                               f"{target:g}" if target else "") + ")"
   for step in progress(range(start_step, cfg.sft.steps), cfg.sft.steps,
-                       "warm start (SFT)", cfg.log.progress, start_step):
+                       label, cfg.log.progress, start_step):
     batches = data.batches_at(step, cfg.sft)
     before = batches.position
     host = next(batches)
