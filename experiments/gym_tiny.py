@@ -134,7 +134,7 @@ def spelling_with_room(c: ml_collections.ConfigDict) -> None:
   c.gym.update(datasets="spell_backward",
                options_json=json.dumps(SPELLING_OPTIONS),
                where_json=json.dumps(SPELLING_WHERE), eval_size=500)
-  c.pipeline.update(vanilla_sft_steps=1000, vanilla_stop_at_val_pass=0.25,
+  c.pipeline.update(vanilla_sft_steps=1000, vanilla_stop_at_val=0.25,
                     vanilla_check_every=25, long_cot_learning_rate=1e-4)
   c.task.reward = "reasoning_gym_steps"
   # The data stages count an answer right as RL does; the step check only

@@ -58,6 +58,7 @@ from kimi_jax.experiment import parse_config
 from kimi_jax.files import write_json
 from kimi_jax.long2short import policies
 from kimi_jax.rewards.base import RewardFn
+from kimi_jax.sft import STOP_METRICS
 
 SECTIONS = ("pipeline", "gym", "curate", "warmup")
 WARMUP_SOURCES = ("clean", "curated", "train")
@@ -70,14 +71,15 @@ class PipelineConfig:
   model this small).
 
   vanilla_sft_steps: steps of the vanilla SFT stage (its learning rates:
-    the job's sft section); with `vanilla_stop_at_val_pass`, the most it
+    the job's sft section); with `vanilla_stop_at_val`, the most it
     may take.
-  vanilla_stop_at_val_pass: 0 (off), or the validation pass@1 at which the
-    vanilla stage ends, checked every `vanilla_check_every` steps
-    (sft.stop_at_val_pass): a model learns a task like copying letters
-    suddenly, after a number of steps that differs from seed to seed, so a
-    fixed count leaves one seed's model unable to start and another's with
-    nothing left for RL to gain (docs/curation.md, measured). Needs
+  vanilla_stop_at_val: 0 (off), or the validation `vanilla_stop_metric`
+    ("pass_at_1" or "greedy_accuracy") at which the vanilla stage ends,
+    checked every `vanilla_check_every` steps (sft.stop_at_val): a model
+    learns a task like copying letters suddenly, after a number of steps
+    that differs from seed to seed, so a fixed count leaves one seed's
+    model unable to start and another's with nothing left for RL to gain
+    (docs/curation.md, measured). Needs
     `gym.val_size` > 0.
   sft_problems: vanilla-SFT problems per dataset, drawn past the train and
     held-out items of each generator.
@@ -108,7 +110,8 @@ class PipelineConfig:
   """
 
   vanilla_sft_steps: int = 300
-  vanilla_stop_at_val_pass: float = 0.0
+  vanilla_stop_at_val: float = 0.0
+  vanilla_stop_metric: str = "pass_at_1"
   vanilla_check_every: int = 25
   sft_problems: int = 400
   direct_fraction: float = 0.5
@@ -127,9 +130,12 @@ class PipelineConfig:
     if self.vanilla_sft_steps < 1 or self.sft_problems < 1:
       raise ValueError("pipeline.vanilla_sft_steps and sft_problems must be "
                        ">= 1")
-    if not 0 <= self.vanilla_stop_at_val_pass <= 1:
-      raise ValueError("pipeline.vanilla_stop_at_val_pass must be in [0, 1] "
+    if not 0 <= self.vanilla_stop_at_val <= 1:
+      raise ValueError("pipeline.vanilla_stop_at_val must be in [0, 1] "
                        "(0: off)")
+    if self.vanilla_stop_metric not in STOP_METRICS:
+      raise ValueError(f"pipeline.vanilla_stop_metric must be one of "
+                       f"{STOP_METRICS}, got {self.vanilla_stop_metric!r}")
     if self.vanilla_check_every < 1:
       raise ValueError("pipeline.vanilla_check_every must be >= 1")
     if self.long_cot_sft_steps < 0:
@@ -194,7 +200,8 @@ def job_config(config: ml_collections.ConfigDict, paths: Paths, *,
   if stage == "vanilla":
     out.task.train_path = paths.train
     out.sft.steps = pipe.vanilla_sft_steps
-    out.sft.stop_at_val_pass = pipe.vanilla_stop_at_val_pass
+    out.sft.stop_at_val = pipe.vanilla_stop_at_val
+    out.sft.stop_metric = pipe.vanilla_stop_metric
     out.sft.check_every = pipe.vanilla_check_every
     out.sft.train_path = paths.sft
     out.rl.iterations = 0
@@ -207,7 +214,7 @@ def job_config(config: ml_collections.ConfigDict, paths: Paths, *,
     out.sft.learning_rate = pipe.long_cot_learning_rate
     out.sft.warmup_steps = pipe.long_cot_warmup_steps
     out.sft.final_learning_rate = pipe.long_cot_learning_rate / 10
-    out.sft.stop_at_val_pass = 0.0
+    out.sft.stop_at_val = 0.0
     if not pipe.curate:
       out.prompt_sampling.initial_success_field = ""
   else:
@@ -219,8 +226,8 @@ def check(config: ml_collections.ConfigDict) -> None:
   """Every section typed and both training stages' configs valid, before
   anything runs (the data files they name need not exist yet)."""
   pipe, gym = pipeline_config(config), gym_config(config)
-  if pipe.vanilla_stop_at_val_pass and not gym.val_size:
-    raise ConfigError("pipeline.vanilla_stop_at_val_pass checks a "
+  if pipe.vanilla_stop_at_val and not gym.val_size:
+    raise ConfigError("pipeline.vanilla_stop_at_val checks a "
                       "validation set: set gym.val_size > 0")
   from kimi_jax.data import tools_config
   tools_config.curate_config(config)

@@ -231,7 +231,7 @@ def run_sft(job: Job, state: ts.TrainState, start_step: int,
   way with the data position, so a resumed stage sees the same batches.
   With `sft.stage2_train_path` the last `sft.stage2_steps` steps draw from
   that set instead (the long-CoT stage); its position is `stage2_state`.
-  With `sft.stop_at_val_pass` the stage ends at the first validation check
+  With `sft.stop_at_val` the stage ends at the first validation check
   that reaches it; the checkpoint of that step says so (`sft_stopped`), so
   a resumed job does not train on. Returns (state, steps trained).
 
@@ -258,9 +258,9 @@ def run_sft(job: Job, state: ts.TrainState, start_step: int,
                                        rows_sh)
   lr = _learning_rates(sft_lib.optimizer_config(cfg.sft), cfg.sft.steps)
   every = max(1, cfg.sft.steps // 4)
-  target, check_every = cfg.sft.stop_at_val_pass, cfg.sft.check_every
+  target, check_every = cfg.sft.stop_at_val, cfg.sft.check_every
   if target and job.validator is None:
-    raise ConfigError("sft.stop_at_val_pass needs a validation set "
+    raise ConfigError("sft.stop_at_val needs a validation set "
                       "(task.val_path)")
   t0 = time.perf_counter()
   pending = None
@@ -278,8 +278,9 @@ def run_sft(job: Job, state: ts.TrainState, start_step: int,
         **data))
 
   # The bar counts to sft.steps; a stage that stops early ends short of it.
-  label = "warm start (SFT" + (f"; ends early at validation pass@1 >= "
-                               f"{target:g}" if target else "") + ")"
+  label = "warm start (SFT" + (
+      f"; ends early at validation {cfg.sft.stop_metric} >= {target:g}"
+      if target else "") + ")"
   for step in progress(range(start_step, cfg.sft.steps), cfg.sft.steps,
                        label, cfg.log.progress, start_step):
     batches = data.batches_at(step, cfg.sft)
@@ -296,7 +297,8 @@ def run_sft(job: Job, state: ts.TrainState, start_step: int,
         row_fill=float((host["segment_ids"] > 0).mean())))
     done = step + 1
     stop = (target and done % check_every == 0 and done < cfg.sft.steps
-            and reached(job, state.params, done, target))
+            and reached(job, state.params, done, target,
+                        cfg.sft.stop_metric))
     if stop or (done % every == 0 and done < cfg.sft.steps):
       report(*pending)
       pending = None
@@ -317,14 +319,16 @@ def run_sft(job: Job, state: ts.TrainState, start_step: int,
   return state, done
 
 
-def reached(job: Job, params, step: int, target: float) -> bool:
-  """Whether the validation pass@1 of `params` reaches `target` (an SFT
+def reached(job: Job, params, step: int, target: float,
+            metric: str = "pass_at_1") -> bool:
+  """Whether the validation `metric` of `params` reaches `target` (an SFT
   stage's stopping check at `step`, logged as stage "sft_val")."""
   result = dataclasses.asdict(job.validator(params))
   job.metrics.write(step, "sft_val", result)
-  log(f"SFT step {step}: validation pass@1 {result['pass_at_1']:.3f} "
-      f"(stops at {target:g})")
-  return result["pass_at_1"] >= target
+  log(f"SFT step {step}: validation pass@1 {result['pass_at_1']:.3f}, "
+      f"greedy {result['greedy_accuracy']:.3f} (stops at {metric} >= "
+      f"{target:g})")
+  return result[metric] >= target
 
 
 def sft_optimizer(cfg: ExperimentConfig):
@@ -384,7 +388,7 @@ def _write_summary(job: Job, loop_state: LoopState, final: dict,
 
 def sft_steps_trained(metrics_path: str) -> int:
   """Steps the SFT stage trained: fewer than sft.steps when it stopped at
-  sft.stop_at_val_pass."""
+  sft.stop_at_val."""
   return max((int(r["step"]) for r in metrics_lib.read_jsonl(metrics_path)
               if r.get("stage") == "sft"), default=0)
 

@@ -27,6 +27,10 @@ from kimi_jax.vision.config import VisionConfig
 from kimi_jax.vision.merge import RowImages
 
 
+# Validation figures an SFT stage can stop on (kimi_jax.rl.evaluation).
+STOP_METRICS = ("pass_at_1", "greedy_accuracy")
+
+
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
   """The `sft` config section.
@@ -42,11 +46,12 @@ class SFTConfig:
   the long-CoT warm-up set of launch/warmup_data.py (report 2.2), so one
   run is a vanilla SFT stage then a long-CoT stage, each with its data
   position in the checkpoints; "" keeps `train_path` for both.
-  `stop_at_val_pass` (ours; 0: off): every `check_every` steps the stage
+  `stop_at_val` (ours; 0: off): every `check_every` steps the stage
   samples the task's validation set and ends at the first check whose
-  pass@1 reaches this value, so runs (seeds) whose models learn at
-  different speeds all leave the stage equally competent. The learning
-  rate keeps the schedule of `steps`: a stopped stage ends mid-schedule.
+  `stop_metric` ("pass_at_1", sampled, or "greedy_accuracy") reaches this
+  value, so runs (seeds) whose models learn at different speeds all leave
+  the stage equally competent. The learning rate keeps the schedule of
+  `steps`: a stopped stage ends mid-schedule.
   """
 
   steps: int
@@ -69,7 +74,8 @@ class SFTConfig:
   response_field: str = "response"
   messages_field: str = "messages"
   truncate: bool = False
-  stop_at_val_pass: float = 0.0
+  stop_at_val: float = 0.0
+  stop_metric: str = "pass_at_1"
   check_every: int = 0
 
   def __post_init__(self):
@@ -91,11 +97,14 @@ class SFTConfig:
           f"sft.stage2_train_path needs 0 < sft.stage2_steps <= sft.steps "
           f"(the steps that train on it), got stage2_steps="
           f"{self.stage2_steps}, steps={self.steps}")
-    if not 0 <= self.stop_at_val_pass <= 1:
-      raise ValueError(f"sft.stop_at_val_pass must be in [0, 1] (0: off), "
-                       f"got {self.stop_at_val_pass}")
-    if self.stop_at_val_pass and self.check_every < 1:
-      raise ValueError(f"sft.stop_at_val_pass={self.stop_at_val_pass} needs "
+    if not 0 <= self.stop_at_val <= 1:
+      raise ValueError(f"sft.stop_at_val must be in [0, 1] (0: off), "
+                       f"got {self.stop_at_val}")
+    if self.stop_metric not in STOP_METRICS:
+      raise ValueError(f"sft.stop_metric must be one of {STOP_METRICS}, "
+                       f"got {self.stop_metric!r}")
+    if self.stop_at_val and self.check_every < 1:
+      raise ValueError(f"sft.stop_at_val={self.stop_at_val} needs "
                        f"sft.check_every >= 1, got {self.check_every}")
     if self.steps:
       try:

@@ -214,24 +214,29 @@ def test_spelling_variant_data_stage_and_job_configs(tmp_path):
     parse_config(job)
   assert job.sft.learning_rate == 1e-4 and job.rl.iterations == 60
   vanilla = gym_pipeline.job_config(config, paths, stage="vanilla")
-  assert (vanilla.sft.stop_at_val_pass, vanilla.sft.steps) == (0.25, 1000)
+  assert (vanilla.sft.stop_at_val, vanilla.sft.steps) == (0.25, 1000)
 
 
 def test_vanilla_stop_reaches_only_the_vanilla_stage_and_needs_validation():
   config = gym_tiny.get_config("micro")
-  config.pipeline.update(vanilla_stop_at_val_pass=0.4, vanilla_check_every=7)
+  config.pipeline.update(vanilla_stop_at_val=0.4, vanilla_check_every=7,
+                         vanilla_stop_metric="greedy_accuracy")
   config.gym.val_size = 2
   gym_pipeline.check(config)
   paths = gym_pipeline.Paths("/w")
   vanilla = gym_pipeline.job_config(config, paths, stage="vanilla").sft
-  assert (vanilla.stop_at_val_pass, vanilla.check_every) == (0.4, 7)
+  assert (vanilla.stop_at_val, vanilla.check_every, vanilla.stop_metric) == (
+      0.4, 7, "greedy_accuracy")
   rl = gym_pipeline.job_config(config, paths, stage="rl").sft
-  assert rl.stop_at_val_pass == 0.0
+  assert rl.stop_at_val == 0.0
   config.gym.val_size = 0
   with pytest.raises(ConfigError, match="gym.val_size"):
     gym_pipeline.check(config)
-  config.pipeline.vanilla_stop_at_val_pass = 1.2
-  with pytest.raises(ValueError, match="pipeline.vanilla_stop_at_val_pass"):
+  config.pipeline.vanilla_stop_at_val = 1.2
+  with pytest.raises(ValueError, match="pipeline.vanilla_stop_at_val"):
+    gym_pipeline.check(config)
+  config.pipeline.update(vanilla_stop_at_val=0.4, vanilla_stop_metric="x")
+  with pytest.raises(ValueError, match="pipeline.vanilla_stop_metric"):
     gym_pipeline.check(config)
 
 

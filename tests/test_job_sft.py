@@ -124,17 +124,19 @@ class _ScriptedValidator:
   """Stands for the validation sampler: the pass@1 of each check in turn,
   so the stopping rule, not the model, is what is tested."""
 
-  def __init__(self, rates):
+  def __init__(self, rates, greedy=None):
     self.rates, self.calls = list(rates), 0
+    self.greedy = list(greedy or [0.0] * len(self.rates))
 
   def __call__(self, params):
     self.calls += 1
-    return EvalResult(pass_at_1=self.rates.pop(0), greedy_accuracy=0.0,
-                      mean_length=1.0, n_problems=1)
+    return EvalResult(pass_at_1=self.rates.pop(0),
+                      greedy_accuracy=self.greedy.pop(0), mean_length=1.0,
+                      n_problems=1)
 
 
 def test_sft_stops_at_the_first_check_that_reaches_the_target(tmp_path):
-  """sft.stop_at_val_pass: checks every 2 steps read 0.2 then 0.6 against a
+  """sft.stop_at_val: checks every 2 steps read 0.2 then 0.6 against a
   target of 0.5, so the stage ends after step 4 with the params a whole
   8-step stage had at its step-4 checkpoint (same schedule, same batches),
   that checkpoint says it stopped, and a resumed job trains no further."""
@@ -144,7 +146,7 @@ def test_sft_stops_at_the_first_check_that_reaches_the_target(tmp_path):
   want = _host_params(_restored(whole, 4)[0])
   whole.checkpointer.close()
 
-  changes = dict(stop_at_val_pass=0.5, check_every=2)
+  changes = dict(stop_at_val=0.5, check_every=2)
   stopped = dataclasses.replace(_job(tmp_path / "stop", **changes),
                                 validator=_ScriptedValidator([0.2, 0.6]))
   state, opt, sh = _fresh(stopped)
@@ -166,8 +168,22 @@ def test_sft_stops_at_the_first_check_that_reaches_the_target(tmp_path):
   assert sorted(_losses(tmp_path / "stop")) == [1, 2, 3, 4]
 
 
+def test_sft_stop_reads_the_configured_metric(tmp_path):
+  """With sft.stop_metric="greedy_accuracy" a sampled pass@1 above the
+  target does not stop the stage; the greedy accuracy does."""
+  changes = dict(stop_at_val=0.5, check_every=2,
+                 stop_metric="greedy_accuracy")
+  job = dataclasses.replace(
+      _job(tmp_path / "w", **changes),
+      validator=_ScriptedValidator([0.9, 0.9, 0.9], greedy=[0.1, 0.2, 0.7]))
+  state, opt, sh = _fresh(job)
+  _, steps = job_lib.run_sft(job, state, 0, None, opt, sh)
+  assert steps == 6 and job.validator.calls == 3
+  job.checkpointer.close()
+
+
 def test_sft_stop_needs_a_validation_set(tmp_path):
-  job = _job(tmp_path / "w", stop_at_val_pass=0.5, check_every=2)
+  job = _job(tmp_path / "w", stop_at_val=0.5, check_every=2)
   state, opt, sh = _fresh(job)
   with pytest.raises(ConfigError, match="task.val_path"):
     job_lib.run_sft(job, state, 0, None, opt, sh)
@@ -175,8 +191,10 @@ def test_sft_stop_needs_a_validation_set(tmp_path):
 
 
 @pytest.mark.parametrize("changes, key", [
-    (dict(stop_at_val_pass=1.5, check_every=2), "sft.stop_at_val_pass"),
-    (dict(stop_at_val_pass=0.5, check_every=0), "sft.check_every")])
+    (dict(stop_at_val=1.5, check_every=2), "sft.stop_at_val"),
+    (dict(stop_at_val=0.5, check_every=0), "sft.check_every"),
+    (dict(stop_at_val=0.5, check_every=2, stop_metric="loss"),
+     "sft.stop_metric")])
 def test_sft_stop_config_errors_name_the_key(changes, key):
   with pytest.raises(ValueError, match=key):
     parse_config(_config(**changes), jax.device_count())
