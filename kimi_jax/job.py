@@ -451,8 +451,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       # in an SFT-only run, whose final one is the warm start's (kept).
       last_eval = (it if it < cfg.rl.iterations or cfg.rl.iterations == 0
                    else it - 1)
-      sft_steps = int(host.get("sft_steps", cfg.sft.steps))
-      limits = ({"data": 0, "sft": sft_steps, "sft_val": sft_steps,
+      # A stage that stopped early logged no step past its stop.
+      limits = ({"data": 0, "sft": cfg.sft.steps, "sft_val": cfg.sft.steps,
                  "eval": last_eval, "val": last_eval, "rl": it}
                 if host["stage"] == "rl" else
                 {"data": 0, "sft": int(host.get("sft_step", 0)),
@@ -464,11 +464,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       state = ts.create_state(params, sft_opt, sft_shardings)
       if opt_state is not None:
         state = state.replace(opt_state=opt_state)
-    sft_steps = int(host.get("sft_step", 0))
     if cfg.sft.steps > 0 and not host.get("sft_stopped"):
-      state, sft_steps = run_sft(job, state, sft_steps, host.get("data"),
-                                 sft_opt, sft_shardings,
-                                 stage2_state=host.get("data2"))
+      state, _ = run_sft(job, state, int(host.get("sft_step", 0)),
+                         host.get("data"), sft_opt, sft_shardings,
+                         stage2_state=host.get("data2"))
     warm = dataclasses.asdict(job.evaluator(state.params))
     job.metrics.write(0, "eval", warm)
     # An SFT-only job (the gym pipeline's vanilla stage) has no RL to warm.
@@ -480,8 +479,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     loop_state = job.initial_loop_state(
         warmstart_eval=warm, warmstart_val=job.validate(state.params, 0))
     ckpt.save(rl_step(cfg, 0), params=state.params,
-              host={"stage": "rl", "loop": loop_state.to_json(),
-                    "sft_steps": sft_steps})
+              host={"stage": "rl", "loop": loop_state.to_json()})
     train = job.learner.init_state(state.params)
   else:
     loop_state = job.restore_loop_state(host["loop"])
