@@ -14,12 +14,14 @@ launch/ablate.py (kimi_jax/ablation.py). Results: docs/ablations.md.
                     masking them out of the loss (2.6.2)
   baseline          mean-reward baseline vs the tau*logZ ("soft") baseline
                     at three taus (2.3.2)
-  curation          the gym pipeline (experiments/gym_tiny.py) with prompt-set
+  curation          the gym pipeline on three tasks
+                    (experiments/gym_tiny.py:three_tasks) with prompt-set
                     curation vs without it (2.1); each run is the whole
                     pipeline, the arms of a seed share its data and vanilla
                     SFT
-  curation_spelling the same on gym_tiny.py:spelling, a task with room for
-                    RL (its micro variant is curation's)
+  curation_spelling the same on experiments/gym_tiny.py as shipped
+                    (spelling backward, a task with room for RL; its micro
+                    variant is curation's)
 
 `NAME,micro` (e.g. `experiments/ablations.py:loss,micro`) puts the micro
 experiment (tiny.py:micro, 3 RL iterations; gym_tiny.py:micro for
@@ -123,16 +125,16 @@ ABLATIONS = {
             "within N=8 guesses without CoT, removed) against the raw "
             "prompt set; issue 16's target: after RL at least the warm "
             "start + 0.15, and at least the run without curation."),
-        experiment="gym_tiny",
+        experiment="gym_tiny:three_tasks",
         arms=CURATION_ARMS),
     "curation_spelling": dict(
         description=(
-            "Report 2.1's curation against raw prompts on "
-            "gym_tiny.py:spelling (lower-case words of 3-7 letters, a "
+            "Report 2.1's curation against raw prompts on gym_tiny.py "
+            "(spelling backward, lower-case words of 3-7 letters, a "
             "vanilla stage that stops at a competence level, 60 RL "
             "iterations, 500 held-out problems), where RL has room to "
             "gain; issue 16's target as for curation."),
-        experiment="gym_tiny:spelling",
+        experiment="gym_tiny",
         arms=CURATION_ARMS),
 }
 

@@ -4,22 +4,24 @@ From raw reasoning-gym problems to an RL-trained policy in one job, on a
 laptop CPU (kimi_jax/gym_pipeline.py, docs/curation.md): problems from
 reasoning-gym's generators and a tokenizer built on them; vanilla SFT of a
 small model from scratch on worked solutions; curation of the RL prompts
-with that model (easy-to-hack and pass-rate steps, report 2.1); long-CoT warm-up
-rows by rejection sampling it (2.2); then the main job: long-CoT SFT on
-those rows and Kimi k1.5 RL on the curated prompts. W/summary.json: curation, warmup, vanilla_eval, warmstart_eval,
-final_eval (pass@1 overall and per task), and the same three on the
-validation set (vanilla_val, warmstart_val, final_val; RL's periodic
-evaluations read it).
+with that model (pass-rate step, report 2.1); long-CoT warm-up rows by
+rejection sampling it (2.2); then the main job: long-CoT SFT on those rows
+and Kimi k1.5 RL on the curated prompts. W/summary.json: curation, warmup,
+vanilla_eval, warmstart_eval, final_eval (pass@1 overall and per task), and
+the same three on the validation set (vanilla_val, warmstart_val,
+final_val; RL's periodic evaluations read it).
 
 Variants:
-  (default)  chain sums, spelling backward and letter counting, 1500
-             vanilla steps: nearly solved before RL (about 9.5 minutes
-             on 2 cores).
-  spelling   spelling backward, lower-case words of 3-7 letters, a
-             vanilla stage that stops at validation pass@1 0.25, 60 RL
-             iterations, 500 held-out problems: room for RL (10 minutes
-             for seed 0; three seeds in docs/curation.md).
-  micro      the default at seconds scale, for tests.
+  (default)    spelling backward, lower-case words of 3-7 letters: a
+               vanilla stage that stops once greedy answers are right on
+               70% of the validation problems, 60 RL iterations, 500
+               held-out problems; room for RL (about 10 minutes for seed
+               0 on 2 cores; three seeds in docs/curation.md).
+               `spelling` is the same config (its name until 2026-11-26).
+  three_tasks  chain sums, spelling backward and letter counting, 1500
+               vanilla steps: nearly solved before RL (the default until
+               2026-11-26; about 9.5 minutes).
+  micro        three_tasks at seconds scale, for tests.
 
 The same run without curation: --config.pipeline.curate=False (the same
 warm-up rows and warm start; only the RL prompts differ).
@@ -103,12 +105,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                             max_pass_rate=0.9)
   c.warmup = from_dataclass(WarmupConfig, template="{prompt}" + COT_CUE,
                             samples=8, max_new_tokens=48, keep="shortest")
-  if arg == "micro":
-    shrink_to_micro(c)
-  elif arg == "spelling":
+  if arg in (None, "", "spelling"):
     spelling_with_room(c)
-  elif arg:
-    raise ValueError(f"unknown variant {arg!r} (known: spelling, micro)")
+  elif arg == "micro":
+    shrink_to_micro(c)
+  elif arg != "three_tasks":
+    raise ValueError(f"unknown variant {arg!r} (known: spelling, "
+                     f"three_tasks, micro)")
   return c
 
 
@@ -120,21 +123,29 @@ def spelling_with_room(c: ml_collections.ConfigDict) -> None:
   Lower-case words only: reasoning-gym's word list holds proper nouns
   (about one word in six), whose capital first letter this model rarely
   sees and cannot learn to copy, so they capped every run near 0.8
-  (docs/curation.md). The vanilla stage stops once a quarter of the
-  validation answers are right (checked every 25 steps, at most 1000):
-  the model learns to copy letters suddenly, after 200 to 600 steps
-  depending on the seed, so a fixed count left one seed unable to start
-  and another with nothing left to gain. Steps are checked
-  (reasoning_gym_steps): a lucky answer after a wrong copy earns nothing.
-  Curation keeps every difficulty (balancing the buckets to the smallest
-  left 198 prompts, each drawn about 19 times, and ended lower on 486
-  fresh problems; measured), RL's prioritized sampling starts from each
-  prompt's measured pass rate, and the long-CoT stage peaks at 1e-4.
+  (docs/curation.md). The vanilla stage stops once greedy answers are
+  right on 70% of the validation problems (checked every 25 steps, at
+  most 1000): the model learns to copy letters suddenly, after 200 to 700
+  steps depending on the seed, so a fixed count left one seed unable to
+  start and another with nothing left to gain; greedy accuracy says when
+  the model's mode is right while sampled answers still leave RL room (a
+  stop at sampled pass@1 0.25 left seed 1 with a mode right on 0.56 and a
+  gain of +0.125). Steps are checked (reasoning_gym_steps): a lucky answer
+  after a wrong copy earns nothing. Curation keeps every difficulty
+  (balancing the buckets to the smallest left 198 prompts, each drawn
+  about 19 times, and ended lower on 486 fresh problems; measured), and
+  skips the easy-to-hack step: a word spelled backward cannot be guessed,
+  so a right answer without steps means the model can do the task, and
+  after a longer vanilla stage the step dropped 627 of 1000 prompts and
+  left RL +0.010 (docs/curation.md). RL's prioritized sampling starts
+  from each prompt's measured pass rate, and the long-CoT stage peaks at
+  1e-4.
   """
   c.gym.update(datasets="spell_backward",
                options_json=json.dumps(SPELLING_OPTIONS),
                where_json=json.dumps(SPELLING_WHERE), eval_size=500)
-  c.pipeline.update(vanilla_sft_steps=1000, vanilla_stop_at_val=0.25,
+  c.pipeline.update(vanilla_sft_steps=1000, vanilla_stop_at_val=0.7,
+                    vanilla_stop_metric="greedy_accuracy",
                     vanilla_check_every=25, long_cot_learning_rate=1e-4)
   c.task.reward = "reasoning_gym_steps"
   # The data stages count an answer right as RL does; the step check only
@@ -143,7 +154,7 @@ def spelling_with_room(c: ml_collections.ConfigDict) -> None:
   c.sampler.cache_len = 128
   c.rl.update(iterations=60, eval_every=20, reset_optimizer=False,
               max_response_len=64, token_budget=64)
-  c.curate.update(pass_max_tokens=64)
+  c.curate.update(pass_max_tokens=64, easy_to_hack=False)
   c.warmup.max_new_tokens = 64
 
 

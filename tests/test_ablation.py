@@ -150,6 +150,20 @@ def test_every_ablation_loads_with_its_micro_variant(name):
       assert ab.flatten(cfg) != ab.flatten(a.run_config(a.plan("/w", 1)[0]))
 
 
+def test_curation_ablations_run_the_gym_configs_they_name():
+  """curation compares on gym_tiny.py:three_tasks, curation_spelling on
+  gym_tiny.py's default (the spelling task)."""
+  from experiments import gym_tiny
+  for name, variant in (("curation", "three_tasks"),
+                        ("curation_spelling", None)):
+    base = ab.load_ablation(f"{ABLATIONS}:{name}").base
+    want = gym_tiny.get_config(variant)
+    assert (base.gym.datasets, base.pipeline.vanilla_stop_at_val,
+            base.curate.easy_to_hack) == (
+                want.gym.datasets, want.pipeline.vanilla_stop_at_val,
+                want.curate.easy_to_hack), name
+
+
 def test_ablation_variants_cite_the_report_and_reject_unknown_names():
   text = {n: ab.load_ablation(f"{ABLATIONS}:{n}").description for n in NAMES}
   assert "Figure 10" in text["loss"] and "Figure 9" in text["sampling"]
@@ -238,6 +252,10 @@ def test_validation_figures_are_aggregated_beside_the_held_out_ones(
   row = next(l for l in table.splitlines() if l.startswith("| a |"))
   assert row.startswith("| a | `rl.tau=0.5` | 2 | 0.250 ± 0.071 |")
   assert row.endswith("| 0.600 ± 0.283 |")
+  # No run evaluated at iteration 7: no column for it (not an empty one).
+  late = ab.markdown_table(res, early_step=7).splitlines()
+  assert "at iteration" not in late[0]
+  assert late[0].count("|") == head.count("|") - 1
   assert ab.plot(res, str(tmp_path / "f.png")) == str(tmp_path / "f.png")
 
 

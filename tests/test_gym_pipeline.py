@@ -181,13 +181,31 @@ def test_config_errors_name_the_key():
     parse_config(config)
 
 
+def test_default_is_the_spelling_task_and_three_tasks_is_a_variant():
+  """gym_tiny.py's default is the spelling setting (`:spelling` its old
+  name, the same config); `:three_tasks` the former default, which keeps
+  the easy-to-hack step; an unknown variant names the known ones."""
+  default = gym_tiny.get_config()
+  assert default.to_dict() == gym_tiny.get_config("spelling").to_dict()
+  assert default.gym.datasets == "spell_backward"
+  assert not default.curate.easy_to_hack
+  three = gym_tiny.get_config("three_tasks")
+  assert three.gym.datasets.split(",") == list(gym_tiny.GYM_OPTIONS)
+  assert three.curate.easy_to_hack
+  assert three.pipeline.vanilla_stop_at_val == 0
+  assert gym_tiny.get_config("micro").gym.datasets == three.gym.datasets
+  with pytest.raises(ValueError, match="three_tasks"):
+    gym_tiny.get_config("spelling_backward")
+
+
 def test_spelling_variant_data_stage_and_job_configs(tmp_path):
-  """gym_tiny.py:spelling: its data stage writes lower-case words of 3-7
-  letters only, in disjoint splits, and both of its training stages parse
-  as main-job configs (the rest of the pipeline is the micro run's). Its
-  stages verify as RL does, so the pipeline has no mismatch to warn of."""
+  """gym_tiny.py (the spelling default): its data stage writes lower-case
+  words of 3-7 letters only, in disjoint splits, and both of its training
+  stages parse as main-job configs (the rest of the pipeline is the micro
+  run's). Its stages verify as RL does, so the pipeline has no mismatch to
+  warn of."""
   from kimi_jax.experiment import parse_config
-  config = gym_tiny.get_config("spelling")
+  config = gym_tiny.get_config()
   config.gym.update(size=30, eval_size=5, val_size=5)
   config.pipeline.sft_problems = 40
   gym_pipeline.check(config)
@@ -214,7 +232,8 @@ def test_spelling_variant_data_stage_and_job_configs(tmp_path):
     parse_config(job)
   assert job.sft.learning_rate == 1e-4 and job.rl.iterations == 60
   vanilla = gym_pipeline.job_config(config, paths, stage="vanilla")
-  assert (vanilla.sft.stop_at_val, vanilla.sft.steps) == (0.25, 1000)
+  assert (vanilla.sft.stop_at_val, vanilla.sft.stop_metric,
+          vanilla.sft.steps) == (0.7, "greedy_accuracy", 1000)
 
 
 def test_vanilla_stop_reaches_only_the_vanilla_stage_and_needs_validation():
