@@ -512,15 +512,16 @@ def markdown_table(results: Mapping[str, Any], early_step: int | None = None
   """One row per arm: its settings and the final metrics, mean ± std;
   `early_step` adds pass@1 at that iteration (how fast it learns): held
   out, or validation when the runs have it (their periodic evaluations
-  read it); left out when no run evaluated there. The paired difference to the first arm follows the final
-  pass@1."""
+  read it); left out when no run evaluated there. The paired difference
+  to the first arm follows the final pass@1."""
   arms = results["arms"]
   reference = next(iter(arms))
   val = any(a.get("final_val") for a in arms.values())
   early_key = "val/pass_at_1" if val else "eval/pass_at_1"
-  if early_step is not None and not any(
-      _curve_at(a.get("curves", {}).get(early_key), early_step)
-      for a in arms.values() if a["n_seeds"]):
+  early = {arm: _curve_at(a["curves"].get(early_key), early_step)
+           for arm, a in arms.items()
+           if early_step is not None and a["n_seeds"]}
+  if not any(early.values()):
     early_step = None  # no run evaluated at that iteration: no empty column
   head = ["arm", "settings", "seeds"]
   if early_step is not None:
@@ -546,8 +547,7 @@ def markdown_table(results: Mapping[str, Any], early_step: int | None = None
     f = a["final"]
     cells = [arm, settings, str(a["n_seeds"])]
     if early_step is not None:
-      at = _curve_at(a["curves"].get(early_key), early_step)
-      cells.append(_fmt(at, 3) if at else "")
+      cells.append(_fmt(early[arm], 3) if early[arm] else "")
     paired = a.get("vs_reference")
     if warm:
       cells.append(_fmt(a["warm_start"]["pass_at_1"], 3)

@@ -226,14 +226,15 @@ def _sft_host(step: int, data: sft_lib.SFTData) -> dict:
 def run_sft(job: Job, state: ts.TrainState, start_step: int,
             data_state: dict | None, optimizer,
             shardings: ts.TrainState, stage2_state: dict | None = None
-            ) -> tuple[ts.TrainState, int]:
+            ) -> ts.TrainState:
   """Stage one: supervised warm start on packed rows, checkpointed on the
   way with the data position, so a resumed stage sees the same batches.
   With `sft.stage2_train_path` the last `sft.stage2_steps` steps draw from
   that set instead (the long-CoT stage); its position is `stage2_state`.
   With `sft.stop_at_val` the stage ends at the first validation check
   that reaches it; the checkpoint of that step says so (`sft_stopped`), so
-  a resumed job does not train on. Returns (state, steps trained).
+  a resumed job does not train on (`sft_steps_trained` reads how far it
+  went).
 
   A step's metrics are read back after the next step is dispatched.
   """
@@ -316,7 +317,7 @@ def run_sft(job: Job, state: ts.TrainState, start_step: int,
                                     if data.stage2 is not None else 0)
   log(f"warm start: {done} steps ({packed} examples packed), "
       f"compiled {counter.count}x")
-  return state, done
+  return state
 
 
 def reached(job: Job, params, step: int, target: float,
@@ -465,9 +466,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       if opt_state is not None:
         state = state.replace(opt_state=opt_state)
     if cfg.sft.steps > 0 and not host.get("sft_stopped"):
-      state, _ = run_sft(job, state, int(host.get("sft_step", 0)),
-                         host.get("data"), sft_opt, sft_shardings,
-                         stage2_state=host.get("data2"))
+      state = run_sft(job, state, int(host.get("sft_step", 0)),
+                      host.get("data"), sft_opt, sft_shardings,
+                      stage2_state=host.get("data2"))
     warm = dataclasses.asdict(job.evaluator(state.params))
     job.metrics.write(0, "eval", warm)
     # An SFT-only job (the gym pipeline's vanilla stage) has no RL to warm.

@@ -76,7 +76,7 @@ def _host_params(state) -> list[np.ndarray]:
 def test_interrupted_sft_resumes_with_the_same_batches(tmp_path):
   whole = _job(tmp_path / "whole")
   state, opt, sh = _fresh(whole)
-  want = _host_params(job_lib.run_sft(whole, state, 0, None, opt, sh)[0])
+  want = _host_params(job_lib.run_sft(whole, state, 0, None, opt, sh))
   with open(tmp_path / "whole" / "metrics.jsonl") as f:
     examples = [r["examples"] for r in map(json.loads, f)
                 if r["stage"] == "sft"]
@@ -105,8 +105,7 @@ def test_interrupted_sft_resumes_with_the_same_batches(tmp_path):
   assert host["stage"] == "sft" and host["sft_step"] == 4
   assert set(host["data"]) == {"position", "seed", "size"}
   assert host["data"]["position"] > 4 * again.cfg.sft.batch_size  # packed
-  got = _host_params(job_lib.run_sft(again, state, 4, host["data"], opt,
-                                     sh)[0])
+  got = _host_params(job_lib.run_sft(again, state, 4, host["data"], opt, sh))
   for a, b in zip(got, want):
     np.testing.assert_array_equal(a, b)
   assert _losses(tmp_path / "cut") == _losses(tmp_path / "whole")
@@ -116,7 +115,7 @@ def test_interrupted_sft_resumes_with_the_same_batches(tmp_path):
   other = _job(tmp_path / "cut_again")
   state, opt, sh, host = _restored(other, 4)
   wrong = _host_params(job_lib.run_sft(
-      other, state, 4, dict(host["data"], position=0), opt, sh)[0])
+      other, state, 4, dict(host["data"], position=0), opt, sh))
   assert any(not np.array_equal(a, b) for a, b in zip(wrong, want))
 
 
@@ -150,8 +149,9 @@ def test_sft_stops_at_the_first_check_that_reaches_the_target(tmp_path):
   stopped = dataclasses.replace(_job(tmp_path / "stop", **changes),
                                 validator=_ScriptedValidator([0.2, 0.6]))
   state, opt, sh = _fresh(stopped)
-  state, steps = job_lib.run_sft(stopped, state, 0, None, opt, sh)
-  assert steps == 4 and stopped.validator.calls == 2
+  state = job_lib.run_sft(stopped, state, 0, None, opt, sh)
+  assert job_lib.sft_steps_trained(stopped.metrics.path) == 4
+  assert stopped.validator.calls == 2
   for a, b in zip(_host_params(state), want):
     np.testing.assert_array_equal(a, b)
   assert stopped.checkpointer.latest_step() == 4
@@ -177,8 +177,9 @@ def test_sft_stop_reads_the_configured_metric(tmp_path):
       _job(tmp_path / "w", **changes),
       validator=_ScriptedValidator([0.9, 0.9, 0.9], greedy=[0.1, 0.2, 0.7]))
   state, opt, sh = _fresh(job)
-  _, steps = job_lib.run_sft(job, state, 0, None, opt, sh)
-  assert steps == 6 and job.validator.calls == 3
+  job_lib.run_sft(job, state, 0, None, opt, sh)
+  assert job_lib.sft_steps_trained(job.metrics.path) == 6
+  assert job.validator.calls == 3
   job.checkpointer.close()
 
 

@@ -62,7 +62,7 @@ def _job(tmp_path, workdir):
 def test_second_stage_trains_on_its_own_data_and_resumes(tmp_path):
   whole = _job(tmp_path, tmp_path / "whole")
   state, opt, sh = _fresh(whole)
-  want = _host_params(job_lib.run_sft(whole, state, 0, None, opt, sh)[0])
+  want = _host_params(job_lib.run_sft(whole, state, 0, None, opt, sh))
   with open(tmp_path / "whole" / "metrics.jsonl") as f:
     rows = [r for r in map(json.loads, f) if r["stage"] == "sft"]
   assert [r["data_stage"] for r in rows] == [1, 1, 2, 2]
@@ -93,7 +93,7 @@ def test_second_stage_trains_on_its_own_data_and_resumes(tmp_path):
   assert host["data"]["position"] == stage1
   assert 0 < host["data2"]["position"] < stage2
   got = _host_params(job_lib.run_sft(again, state, 3, host["data"], opt, sh,
-                                     stage2_state=host["data2"])[0])
+                                     stage2_state=host["data2"]))
   for a, b in zip(got, want):
     np.testing.assert_array_equal(a, b)
   again.checkpointer.close()
@@ -103,7 +103,7 @@ def test_second_stage_trains_on_its_own_data_and_resumes(tmp_path):
   state, opt, sh, host = _restored(other, 3)
   wrong = _host_params(job_lib.run_sft(
       other, state, 3, host["data"], opt, sh,
-      stage2_state=dict(host["data2"], position=0))[0])
+      stage2_state=dict(host["data2"], position=0)))
   assert any(not np.array_equal(a, b) for a, b in zip(wrong, want))
 
 

@@ -190,7 +190,7 @@ def sft_policy(config: ml_collections.ConfigDict, workdir: str,
   optimizer = job_lib.sft_optimizer(cfg)
   shardings = ts.state_shardings(optimizer, cfg.model, job.sharder)
   state = ts.create_state(params, optimizer, shardings)
-  state, _ = job_lib.run_sft(job, state, 0, None, optimizer, shardings)
+  state = job_lib.run_sft(job, state, 0, None, optimizer, shardings)
   job.metrics.close()
   job.checkpointer.close()
   policies.write_policy(workdir, config, state.params)
