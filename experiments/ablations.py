@@ -19,9 +19,13 @@ launch/ablate.py (kimi_jax/ablation.py). Results: docs/ablations.md.
                     curation vs without it (2.1); each run is the whole
                     pipeline, the arms of a seed share its data and vanilla
                     SFT
-  curation_spelling the same on experiments/gym_tiny.py as shipped
-                    (spelling backward, a task with room for RL; its micro
-                    variant is curation's)
+  curation_spelling the same on experiments/gym_tiny.py:spelling
+                    (spelling backward, a task with room for RL, where
+                    curation has little to remove)
+  curation_guessable the same on experiments/gym_tiny.py as shipped
+                    (spelling, with guessable yes/no syllogisms in the raw
+                    prompts); the micro variant of every curation ablation
+                    is curation's
 
 `NAME,micro` (e.g. `experiments/ablations.py:loss,micro`) puts the micro
 experiment (tiny.py:micro, 3 RL iterations; gym_tiny.py:micro for
@@ -129,11 +133,20 @@ ABLATIONS = {
         arms=CURATION_ARMS),
     "curation_spelling": dict(
         description=(
-            "Report 2.1's curation against raw prompts on gym_tiny.py "
-            "(spelling backward, lower-case words of 3-7 letters, a "
-            "vanilla stage that stops at a competence level, 60 RL "
-            "iterations, 500 held-out problems), where RL has room to "
+            "Report 2.1's curation against raw prompts on "
+            "gym_tiny.py:spelling (spelling backward, lower-case words of "
+            "3-7 letters, a vanilla stage that stops at a competence level, "
+            "60 RL iterations, 500 held-out problems), where RL has room to "
             "gain; issue 16's target as for curation."),
+        experiment="gym_tiny:spelling",
+        arms=CURATION_ARMS),
+    "curation_guessable": dict(
+        description=(
+            "Report 2.1's curation against raw prompts on gym_tiny.py as "
+            "shipped: the spelling task's raw prompts plus as many "
+            "syllogisms, yes/no questions (70% 'Yes') of the kind 2.1 "
+            "excludes as easy to hack; held out: spelling only. Issue 16's "
+            "target as for curation."),
         experiment="gym_tiny",
         arms=CURATION_ARMS),
 }

@@ -12,12 +12,19 @@ the same three on the validation set (vanilla_val, warmstart_val,
 final_val; RL's periodic evaluations read it).
 
 Variants:
-  (default)    spelling backward, lower-case words of 3-7 letters: a
+  (default)    `spelling`, whose raw prompts also hold 1000 syllogisms, a
+               guessable yes/no task (70% of the answers are "Yes") that
+               the vanilla stage teaches as a bare verdict and that is
+               neither held out nor validated: curation's format rule
+               removes them (report 2.1), the run without curation trains
+               on them (about 10 minutes for seed 0 on 2 cores; three seeds
+               in docs/curation.md). The default since 2026-11-26
+               (sixteenth session).
+  spelling     spelling backward, lower-case words of 3-7 letters: a
                vanilla stage that stops once greedy answers are right on
                70% of the validation problems, 60 RL iterations, 500
-               held-out problems; room for RL (about 10 minutes for seed
-               0 on 2 cores; three seeds in docs/curation.md).
-               `spelling` is the same config (its name until 2026-11-26).
+               held-out problems; room for RL (the default on 2026-11-26,
+               fifteenth session).
   three_tasks  chain sums, spelling backward and letter counting, 1500
                vanilla steps: nearly solved before RL (the default until
                2026-11-26; about 9.5 minutes).
@@ -48,6 +55,11 @@ GYM_OPTIONS = {
 # The spelling variant: lower-case words of 3-7 letters.
 SPELLING_OPTIONS = {"spell_backward": {"min_word_len": 3, "max_word_len": 7}}
 SPELLING_WHERE = {"spell_backward": {"metadata.word": "^[a-z]+$"}}
+# The default's guessable task: raw RL prompts and a tenth of the vanilla
+# rows, never held out or validated (the benchmark is spelling).
+GUESSABLE = "syllogism"
+GUESSABLE_SIZES = {GUESSABLE: {"eval_size": 0, "val_size": 0,
+                               "sft_problems": 2000}}
 COT_CUE = "\nThink step by step."
 
 
@@ -107,9 +119,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                             samples=8, max_new_tokens=48, keep="shortest")
   if arg in (None, "", "spelling"):
     spelling_with_room(c)
+  if arg in (None, ""):
+    with_guessable_prompts(c)
   elif arg == "micro":
     shrink_to_micro(c)
-  elif arg != "three_tasks":
+  elif arg not in ("spelling", "three_tasks"):
     raise ValueError(f"unknown variant {arg!r} (known: spelling, "
                      f"three_tasks, micro)")
   return c
@@ -156,6 +170,25 @@ def spelling_with_room(c: ml_collections.ConfigDict) -> None:
               max_response_len=64, token_budget=64)
   c.curate.update(pass_max_tokens=64, easy_to_hack=False)
   c.warmup.max_new_tokens = 64
+
+
+def with_guessable_prompts(c: ml_collections.ConfigDict) -> None:
+  """A raw prompt pool with something for curation to remove: next to the
+  1000 spelling problems, 1000 of reasoning-gym's syllogisms, yes/no
+  questions of the kind report 2.1 excludes as easy to hack (70% of the
+  answers are "Yes", so a constant guess earns most of the reward).
+
+  The vanilla stage learns them as a bare verdict (a tenth of its rows),
+  so the model can answer them; they are neither held out nor validated,
+  the benchmark staying the spelling task (the report's benchmarks hold no
+  yes/no questions either). Curation's format rule drops all of them; the
+  run without curation trains on them. Their category words are one token
+  each (a lower word threshold), so a syllogism fits a prefill bucket.
+  """
+  c.gym.update(datasets=f"spell_backward,{GUESSABLE}",
+               sizes_json=json.dumps(GUESSABLE_SIZES))
+  c.pipeline.min_word_fraction = 0.05
+  c.model.vocab_size = 192
 
 
 def shrink_to_micro(c: ml_collections.ConfigDict) -> None:

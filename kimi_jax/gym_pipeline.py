@@ -51,8 +51,8 @@ from kimi_jax.console import log
 from kimi_jax.data import curate as curate_lib
 from kimi_jax.data import records as records_lib
 from kimi_jax.data import text_tokenizer, warmup
-from kimi_jax.data.gym_problems import (GymConfig, generator_items,
-                                        problem_sets, validation_set)
+from kimi_jax.data.gym_problems import (GymConfig, problem_sets,
+                                        validation_set, vanilla_problems)
 from kimi_jax.data.gym_solutions import solution
 from kimi_jax.experiment import parse_config
 from kimi_jax.files import write_json
@@ -196,7 +196,7 @@ def job_config(config: ml_collections.ConfigDict, paths: Paths, *,
       {k: v for k, v in config.to_dict().items() if k not in SECTIONS})
   out.task.tokenizer = paths.tokenizer
   out.task.eval_path = paths.eval
-  out.task.val_path = paths.val if gym_config(config).val_size else ""
+  out.task.val_path = paths.val if gym_config(config).has_val() else ""
   if stage == "vanilla":
     out.task.train_path = paths.train
     out.sft.steps = pipe.vanilla_sft_steps
@@ -226,7 +226,7 @@ def check(config: ml_collections.ConfigDict) -> None:
   """Every section typed and both training stages' configs valid, before
   anything runs (the data files they name need not exist yet)."""
   pipe, gym = pipeline_config(config), gym_config(config)
-  if pipe.vanilla_stop_at_val and not gym.val_size:
+  if pipe.vanilla_stop_at_val and not gym.has_val():
     raise ConfigError("pipeline.vanilla_stop_at_val checks a "
                       "validation set: set gym.val_size > 0")
   from kimi_jax.data import tools_config
@@ -260,13 +260,6 @@ def sft_rows(records: list[dict], pipe: PipelineConfig, seed: int
     rows.append({"id": record["id"], "prompt": prompt,
                  "response": solution(record, "direct" if direct else "cot")})
   return rows
-
-
-def vanilla_problems(gym: GymConfig, per_dataset: int) -> list[dict]:
-  """Problems past every train, held-out and validation item of each
-  generator."""
-  first = gym.first_unused()
-  return generator_items(gym, first, first + per_dataset)
 
 
 def stage_data(config: ml_collections.ConfigDict, paths: Paths) -> dict:

@@ -33,7 +33,7 @@ def main(argv):
   from kimi_jax.data.gym_problems import (GymConfig, problem_sets,
                                           validation_set)
   gym = to_dataclass(GymConfig, _CONFIG.value.gym, "gym")
-  if _VAL.value and not gym.val_size:
+  if _VAL.value and not gym.has_val():
     raise app.UsageError("--val needs --config.gym.val_size > 0")
   train, held = problem_sets(gym)
   write_jsonl(_TRAIN.value, train)

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ABLATIONS = os.path.join(ROOT, "experiments", "ablations.py")
 TINY = os.path.join(ROOT, "experiments", "tiny.py")
 NAMES = ("loss", "sampling", "length_penalty", "partial_segments", "baseline",
-         "curation", "curation_spelling")
+         "curation", "curation_spelling", "curation_guessable")
 
 
 def _toy(arms=None, **extra) -> ml_collections.ConfigDict:
@@ -152,10 +152,12 @@ def test_every_ablation_loads_with_its_micro_variant(name):
 
 def test_curation_ablations_run_the_gym_configs_they_name():
   """curation compares on gym_tiny.py:three_tasks, curation_spelling on
-  gym_tiny.py's default (the spelling task)."""
+  gym_tiny.py:spelling, curation_guessable on gym_tiny.py's default (the
+  spelling task with syllogisms in the raw prompts)."""
   from experiments import gym_tiny
   for name, variant in (("curation", "three_tasks"),
-                        ("curation_spelling", None)):
+                        ("curation_spelling", "spelling"),
+                        ("curation_guessable", None)):
     base = ab.load_ablation(f"{ABLATIONS}:{name}").base
     want = gym_tiny.get_config(variant)
     assert (base.gym.datasets, base.pipeline.vanilla_stop_at_val,
@@ -169,7 +171,7 @@ def test_ablation_variants_cite_the_report_and_reject_unknown_names():
   assert "Figure 10" in text["loss"] and "Figure 9" in text["sampling"]
   assert "2.3.3" in text["length_penalty"] and "2.6.2" in text[
       "partial_segments"] and "2.3.2" in text["baseline"]
-  assert "2.1" in text["curation"] and "2.1" in text["curation_spelling"]
+  assert all("2.1" in text[n] for n in NAMES if n.startswith("curation"))
   with pytest.raises(ConfigError, match="unknown ablation"):
     load_config(ABLATIONS + ":lossy")
   with pytest.raises(ConfigError, match="unknown modifier"):

@@ -5,6 +5,7 @@ variant of experiments/gym_tiny.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from experiments import gym_tiny
 from kimi_jax import gym_pipeline
 from kimi_jax.config import ConfigError
 from kimi_jax.data import text_tokenizer
+from kimi_jax.data.gym_problems import GymConfig, vanilla_problems
 from kimi_jax.data.gym_solutions import solution, wrong_step
 from kimi_jax.model.tokenizer import load_hf_tokenizer
 from kimi_jax.rewards import registry
@@ -127,6 +129,25 @@ def test_wrong_step_finds_the_first_step_off_the_worked_solution():
                     "</answer>") is None  # no worked format known
 
 
+def test_syllogism_is_answered_bare_and_caught_by_the_format_filter():
+  """The guessable task of the default's raw pool: its solution is the
+  verdict alone (right by reasoning-gym's scorer, a flipped one wrong), no
+  steps are checked, and curation's format rule calls it true/false."""
+  from kimi_jax.data import question_format
+  reward = registry.make_reward("reasoning_gym")
+  records = make_records("syllogism", size=20, seed=0, prompt_suffix="")
+  assert {r["answer"] for r in records} == {"Yes", "No"}
+  for record in records:
+    assert solution(record, "cot") == f"<answer>{record['answer']}</answer>"
+    assert solution(record, "direct") == solution(record, "cot")
+    assert reward(record, solution(record, "cot")).correct
+    flipped = {"Yes": "No", "No": "Yes"}[record["answer"]]
+    assert not reward(record, f"<answer>{flipped}</answer>").correct
+    assert wrong_step(record, "1a 2b\n<answer>Yes</answer>") is None
+    assert question_format.detect(record["question"],
+                                  record["answer"]) == "true_false"
+
+
 def test_vanilla_sft_rows_mix_direct_and_cued_steps():
   pipe = gym_pipeline.PipelineConfig(direct_fraction=0.25, cot_cue="\nCUE")
   records = _records("chain_sum", 200)
@@ -181,14 +202,22 @@ def test_config_errors_name_the_key():
     parse_config(config)
 
 
-def test_default_is_the_spelling_task_and_three_tasks_is_a_variant():
-  """gym_tiny.py's default is the spelling setting (`:spelling` its old
-  name, the same config); `:three_tasks` the former default, which keeps
-  the easy-to-hack step; an unknown variant names the known ones."""
-  default = gym_tiny.get_config()
-  assert default.to_dict() == gym_tiny.get_config("spelling").to_dict()
-  assert default.gym.datasets == "spell_backward"
-  assert not default.curate.easy_to_hack
+def test_default_is_spelling_with_guessable_prompts_and_variants():
+  """gym_tiny.py's default is `:spelling` with syllogisms added to the raw
+  prompts only (no held-out or validation ones) and nothing else changed
+  but the tokenizer's threshold and the vocabulary; `:three_tasks` (the
+  former default) keeps the easy-to-hack step; an unknown variant names
+  the known ones."""
+  default, spelling = gym_tiny.get_config(), gym_tiny.get_config("spelling")
+  changed = {k for k in ab_flat(default) if ab_flat(default)[k]
+             != ab_flat(spelling).get(k)}
+  assert changed == {"gym.datasets", "gym.sizes_json",
+                     "pipeline.min_word_fraction", "model.vocab_size"}
+  assert default.gym.datasets == "spell_backward,syllogism"
+  assert spelling.gym.datasets == "spell_backward"
+  assert json.loads(default.gym.sizes_json) == {
+      "syllogism": {"eval_size": 0, "val_size": 0, "sft_problems": 2000}}
+  assert not default.curate.easy_to_hack and default.curate.format_filter
   three = gym_tiny.get_config("three_tasks")
   assert three.gym.datasets.split(",") == list(gym_tiny.GYM_OPTIONS)
   assert three.curate.easy_to_hack
@@ -198,14 +227,62 @@ def test_default_is_the_spelling_task_and_three_tasks_is_a_variant():
     gym_tiny.get_config("spelling_backward")
 
 
-def test_spelling_variant_data_stage_and_job_configs(tmp_path):
-  """gym_tiny.py (the spelling default): its data stage writes lower-case
-  words of 3-7 letters only, in disjoint splits, and both of its training
-  stages parse as main-job configs (the rest of the pipeline is the micro
-  run's). Its stages verify as RL does, so the pipeline has no mismatch to
-  warn of."""
-  from kimi_jax.experiment import parse_config
+def ab_flat(config) -> dict:
+  from kimi_jax.ablation import flatten
+  return flatten(config.to_dict())
+
+
+def test_default_data_stage_keeps_syllogisms_out_of_the_scored_sets(
+    tmp_path):
+  """The default's data stage: syllogisms in the raw prompts and the
+  vanilla rows (bare verdicts, about a tenth), none held out or validated;
+  the vocabulary fits the model and a syllogism prompt with the cue fits
+  the largest prefill bucket; curation's format rule drops every
+  syllogism and no spelling problem."""
+  from kimi_jax.data import curate as curate_lib
+  from kimi_jax.data import tools_config
   config = gym_tiny.get_config()
+  config.gym.update(size=40, eval_size=5, val_size=5)
+  # Enough syllogisms for their category words to pass the word threshold.
+  config.gym.sizes_json = json.dumps({"syllogism": {
+      "size": 200, "eval_size": 0, "val_size": 0, "sft_problems": 10}})
+  config.pipeline.sft_problems = 90
+  paths = gym_pipeline.Paths(str(tmp_path))
+  gym_pipeline.stage_data(config, paths)
+  rows = {name: [json.loads(l) for l in open(getattr(paths, name))]
+          for name in ("train", "eval", "val", "sft")}
+
+  def count(name, dataset="syllogism"):
+    return sum(f"/{dataset}/" in r["id"] for r in rows[name])
+
+  assert [count(n) for n in ("train", "eval", "val", "sft")] == [200, 0, 0,
+                                                                 10]
+  assert count("eval", "spell_backward") == 5
+  verdicts = [r["response"] for r in rows["sft"] if "/syllogism/" in r["id"]]
+  assert set(verdicts) <= {"<answer>Yes</answer>", "<answer>No</answer>"}
+  tok = load_hf_tokenizer(paths.tokenizer)
+  assert tok.vocab_size <= config.model.vocab_size
+  longest = max(len(tok.encode(r["prompt"] + gym_tiny.COT_CUE))
+                for r in rows["train"])
+  assert longest <= max(config.sampler.prefill_buckets)
+  cfg = dataclasses.replace(tools_config.curate_config(config),
+                            pass_rate=False)
+  result = curate_lib.curate(paths.train, cfg)
+  assert {d.reason for d in result.dropped
+          if "/syllogism/" in d.row.record.get("id", "")} == {"true_false"}
+  assert sum("/syllogism/" in r.record["id"] for r in result.kept) == 0
+  assert not [d for d in result.dropped if d.reason == "true_false"
+              and "/spell_backward/" in d.row.record["id"]]
+
+
+def test_spelling_variant_data_stage_and_job_configs(tmp_path):
+  """gym_tiny.py:spelling (the default without its syllogisms): its data
+  stage writes lower-case words of 3-7 letters only, in disjoint splits,
+  and both of its training stages parse as main-job configs (the rest of
+  the pipeline is the micro run's). Its stages verify as RL does, so the
+  pipeline has no mismatch to warn of."""
+  from kimi_jax.experiment import parse_config
+  config = gym_tiny.get_config("spelling")
   config.gym.update(size=30, eval_size=5, val_size=5)
   config.pipeline.sft_problems = 40
   gym_pipeline.check(config)
@@ -444,15 +521,59 @@ def test_validation_problems_are_the_items_after_the_held_out_ones():
   val = validation_set(gym)
   assert [r["question"] for r in val] == [r["question"] for r in direct[8:12]]
   assert [r["rg"]["index"] for r in val] == [8, 9, 10, 11]
-  sft = gym_pipeline.vanilla_problems(gym, 3)
+  sft = vanilla_problems(gym, 3)
   assert [r["rg"]["index"] for r in sft] == [12, 13, 14]
   no_val = GymConfig(datasets="chain_sum", size=5, eval_size=3,
                      options_json=json.dumps(options), prompt_suffix="")
   assert validation_set(no_val) == []
-  assert [r["rg"]["index"] for r in gym_pipeline.vanilla_problems(
+  assert [r["rg"]["index"] for r in vanilla_problems(
       no_val, 2)] == [8, 9]
   with pytest.raises(ValueError, match="gym.val_size"):
     GymConfig(val_size=-1)
+
+
+def test_sizes_json_replaces_one_datasets_sizes_and_leaves_the_others():
+  """gym.sizes_json: syllogism with 3 train, no held-out or validation
+  items and 2 vanilla-SFT problems; chain sums keep the section's sizes and
+  exactly the items they have without the override."""
+  from kimi_jax.data.gym_problems import problem_sets, validation_set
+  options = json.dumps({"chain_sum": gym_tiny.GYM_OPTIONS["chain_sum"]})
+  base = dict(size=4, eval_size=2, val_size=1, options_json=options,
+              prompt_suffix="")
+  sizes = {"syllogism": {"size": 3, "eval_size": 0, "val_size": 0,
+                         "sft_problems": 2}}
+  gym = GymConfig(datasets="chain_sum,syllogism",
+                  sizes_json=json.dumps(sizes), **base)
+  alone = GymConfig(datasets="chain_sum", **base)
+  train, held = problem_sets(gym)
+
+  def ids(rows, dataset):
+    return [r["rg"]["index"] for r in rows if r["rg"]["dataset"] == dataset]
+
+  assert ids(train, "syllogism") == [0, 1, 2]
+  assert ids(held, "syllogism") == [] == ids(validation_set(gym),
+                                             "syllogism")
+  assert ids(vanilla_problems(gym, 5), "syllogism") == [3, 4]
+  assert ids(vanilla_problems(gym, 5), "chain_sum") == [7, 8, 9, 10, 11]
+  assert [r["id"] for r in train if "chain_sum" in r["id"]] == [
+      r["id"] for r in problem_sets(alone)[0]]
+  assert validation_set(gym) == validation_set(alone)
+  no_val = dict(base, val_size=0)
+  assert GymConfig(datasets="chain_sum,syllogism", **no_val, sizes_json=json.dumps(
+      {"syllogism": {"val_size": 2}})).has_val()
+  assert not GymConfig(datasets="chain_sum,syllogism", **no_val).has_val()
+
+
+@pytest.mark.parametrize("sizes, match", [
+    ({"leg_counting": {"size": 1}}, "not in gym.datasets"),
+    ({"chain_sum": {"train": 1}}, "chain_sum.*unknown key 'train'"),
+    ({"chain_sum": {"size": -1}}, "chain_sum.*'size'.*integer >= 0"),
+    ({"chain_sum": {"size": 1.5}}, "integer >= 0"),
+    ({"chain_sum": 3}, "object of objects"),
+])
+def test_sizes_json_errors_name_the_key(sizes, match):
+  with pytest.raises(ValueError, match=match):
+    GymConfig(datasets="chain_sum", sizes_json=json.dumps(sizes))
 
 
 def test_where_filter_takes_the_matching_items_in_generator_order():
@@ -472,7 +593,7 @@ def test_where_filter_takes_the_matching_items_in_generator_order():
   assert capitalised[10]["rg"]["index"] > 10
   train, held = problem_sets(gym)
   val = validation_set(gym)
-  sft = gym_pipeline.vanilla_problems(gym, 3)
+  sft = vanilla_problems(gym, 3)
   got = [r["rg"]["index"] for r in train + held + val + sft]
   assert got == [r["rg"]["index"] for r in capitalised[:14]]
   assert [r["question"] for r in train] == [

@@ -95,6 +95,9 @@ def assert_consumed_once(loop: dict, rl_rows: list[dict]) -> None:
   consumed = loop["counters"]["groups_consumed"]
   assert consumed == opened - len(in_flight)
   assert consumed == sum(r.get("groups_scored", 0) for r in rl_rows)
+  # Each iteration's per-task group counts add up to its scored groups.
+  for r in rl_rows:
+    assert sum(r["groups_by_task"].values()) == r["groups_scored"]
   assert loop["counters"]["groups_trained"] == sum(
       r.get("groups_trained", 0) for r in rl_rows)
 
@@ -351,3 +354,12 @@ def test_score_gives_a_lucky_answer_no_bonus_for_being_short(tmp_path):
   assert stats["accuracy"] == 2 / K
   np.testing.assert_array_equal(scores.verified_PxK[0],
                                 [True] + [False] * (K - 1))
+
+
+def test_training_accuracy_by_task_counts_each_tasks_groups():
+  from kimi_jax.rl.loop import by_task
+  correct_PxK = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 1]], bool)
+  acc, groups = by_task(["rg/syllogism", "rg/spell", "rg/syllogism"],
+                        correct_PxK)
+  assert acc == {"rg/spell": 1.0, "rg/syllogism": 3 / 8}
+  assert groups == {"rg/spell": 1, "rg/syllogism": 2}

@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import json
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from kimi_jax.rewards.reasoning_gym import DEFAULT_PROMPT_SUFFIX, make_records
 from kimi_jax.rl.breakdown import Split
@@ -26,6 +26,8 @@ from kimi_jax.rl.breakdown import Split
 # A filter matching fewer than one item in this many is an error, not a
 # long loop.
 _MAX_SCAN = 1000
+# What GymConfig.sizes_json may set per dataset.
+SIZE_KEYS = ("size", "eval_size", "val_size", "sft_problems")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +51,11 @@ class GymConfig:
   # list without proper nouns: {"spell_backward": {"metadata.word":
   # "^[a-z]+$"}}). Item k of a set is then the k-th matching item.
   where_json: str = "{}"
+  # Per dataset, sizes that replace the section's: {dataset: {"size",
+  # "eval_size", "val_size" or "sft_problems" (the pipeline's vanilla-SFT
+  # problems): int}}, e.g. a raw-pool-only task that is neither held out
+  # nor validated: {"syllogism": {"eval_size": 0, "val_size": 0}}.
+  sizes_json: str = "{}"
 
   def __post_init__(self):
     if not self.names():
@@ -60,14 +67,50 @@ class GymConfig:
                        f"gym.datasets: {unknown}")
     self.where()
 
-    for key in ("size", "eval_size", "val_size"):
+    for key in SIZE_KEYS[:3]:
       if getattr(self, key) < 0:
         raise ValueError(f"gym.{key} must be >= 0, got "
                          f"{getattr(self, key)}")
+    self.overrides()
 
-  def first_unused(self) -> int:
-    """The first item index of each generator no set here uses."""
-    return self.size + self.eval_size + self.val_size
+  def overrides(self) -> dict[str, dict[str, int]]:
+    try:
+      value = json.loads(self.sizes_json)
+    except json.JSONDecodeError as exc:
+      raise ValueError(f"gym.sizes_json: not JSON ({exc})") from None
+    if not isinstance(value, dict) or not all(isinstance(v, dict)
+                                              for v in value.values()):
+      raise ValueError("gym.sizes_json must be an object of objects "
+                       "({dataset: {size key: int}})")
+    unknown = sorted(set(value) - set(self.names()))
+    if unknown:
+      raise ValueError(f"gym.sizes_json names datasets not in "
+                       f"gym.datasets: {unknown}")
+    for name, sizes in value.items():
+      for key, n in sizes.items():
+        if key not in SIZE_KEYS:
+          raise ValueError(f"gym.sizes_json[{name!r}]: unknown key {key!r} "
+                           f"(known: {', '.join(SIZE_KEYS)})")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+          raise ValueError(f"gym.sizes_json[{name!r}][{key!r}] must be an "
+                           f"integer >= 0, got {n!r}")
+    return value
+
+  def sizes(self, name: str, sft_problems: int = 0) -> dict[str, int]:
+    """Dataset `name`'s size, eval_size, val_size and sft_problems (the
+    section's, or `sft_problems`, unless sizes_json replaces them)."""
+    out = {"size": self.size, "eval_size": self.eval_size,
+           "val_size": self.val_size, "sft_problems": sft_problems}
+    out.update(self.overrides().get(name, {}))
+    return out
+
+  def first_unused(self, name: str) -> int:
+    """The first item index of generator `name` no set here uses."""
+    n = self.sizes(name)
+    return n["size"] + n["eval_size"] + n["val_size"]
+
+  def has_val(self) -> bool:
+    return any(self.sizes(n)["val_size"] for n in self.names())
 
   def names(self) -> list[str]:
     return [n.strip() for n in self.datasets.split(",") if n.strip()]
@@ -140,24 +183,36 @@ def problem_sets(cfg: GymConfig) -> tuple[list[dict], list[dict]]:
   """(train rows, held-out rows) over every dataset of `cfg`."""
   train, held = [], []
   for name in cfg.names():
-    rows = dataset_items(cfg, name, cfg.size + cfg.eval_size)
-    train += rows[:cfg.size]
-    held += rows[cfg.size:]
+    n = cfg.sizes(name)
+    rows = dataset_items(cfg, name, n["size"] + n["eval_size"])
+    train += rows[:n["size"]]
+    held += rows[n["size"]:]
   return train, held
 
 
-def generator_items(cfg: GymConfig, start: int, stop: int) -> list[dict]:
-  """Items [start, stop) of each dataset's generator (matching items when
-  it has a `where` filter), dataset by dataset."""
+def generator_items(cfg: GymConfig, span: Callable[[str], tuple[int, int]]
+                    ) -> list[dict]:
+  """Items [start, stop) = span(name) of each dataset's generator (matching
+  items when it has a `where` filter), dataset by dataset."""
   out: list[dict] = []
   for name in cfg.names():
-    out += dataset_items(cfg, name, stop)[start:]
+    start, stop = span(name)
+    if stop > start:
+      out += dataset_items(cfg, name, stop)[start:]
   return out
 
 
 def validation_set(cfg: GymConfig) -> list[dict]:
   """Validation rows: items [size + eval_size, first_unused) of each
-  dataset (empty when `val_size` is 0)."""
-  if not cfg.val_size:
-    return []
-  return generator_items(cfg, cfg.size + cfg.eval_size, cfg.first_unused())
+  dataset (none of a dataset whose `val_size` is 0)."""
+  return generator_items(cfg, lambda name: (
+      cfg.first_unused(name) - cfg.sizes(name)["val_size"],
+      cfg.first_unused(name)))
+
+
+def vanilla_problems(cfg: GymConfig, per_dataset: int) -> list[dict]:
+  """`per_dataset` problems of each generator (its `sft_problems` in
+  sizes_json where set) past its train, held-out and validation items."""
+  return generator_items(cfg, lambda name: (
+      cfg.first_unused(name),
+      cfg.first_unused(name) + cfg.sizes(name, per_dataset)["sft_problems"]))

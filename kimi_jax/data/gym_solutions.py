@@ -65,10 +65,18 @@ def letter_counting_steps(record: Mapping[str, Any]
   return lines, str(total)
 
 
+def syllogism_verdict(record: Mapping[str, Any]) -> tuple[list[str], str]:
+  """No steps: the verdict alone ("Yes" or "No"). Syllogism is the guessable
+  task of experiments/gym_tiny.py's raw pool (most of its answers are
+  "Yes"), taught as a bare answer so that the model can reply to it."""
+  return [], str(record["answer"])
+
+
 SOLVERS: dict[str, Callable[[Mapping[str, Any]], tuple[list[str], str]]] = {
     "chain_sum": chain_sum_steps,
     "spell_backward": spell_backward_steps,
     "letter_counting": letter_counting_steps,
+    "syllogism": syllogism_verdict,
 }
 
 
@@ -102,6 +110,8 @@ def wrong_step(record: Mapping[str, Any], response: str) -> str | None:
   if not lines:
     return None
   expected, _ = SOLVERS[dataset](record)
+  if not expected:  # an answer-only format: no steps to check
+    return None
   for i, line in enumerate(lines):
     if i >= len(expected) or line != expected[i]:
       return f"step {i + 1}: {line[:80]!r}"

@@ -36,7 +36,7 @@ from kimi_jax.metrics import MetricsWriter
 from kimi_jax.rewards.base import reward_stats, score_all
 from kimi_jax.rl import batching, length_reward, replay_buffer, rollout
 from kimi_jax.rl.config import RLConfig
-from kimi_jax.rl.evaluation import EvalResult
+from kimi_jax.rl.evaluation import EvalResult, task_of
 from kimi_jax.rl.learner import Learner
 from kimi_jax.rl.loop_state import LoopState
 from kimi_jax.sampler import handoff
@@ -59,6 +59,17 @@ def format_row(iteration: int, row: dict) -> str:
   parts = [f"{name}={row[key]:{fmt}}" for name, key, fmt in _LOG_FIELDS
            if key in row]
   return f"iter {iteration}: " + " ".join(parts)
+
+
+def by_task(tasks_P: Sequence[str], correct_PxK: np.ndarray
+            ) -> tuple[dict[str, float], dict[str, int]]:
+  """Training accuracy and scored groups per task (`task_of`), so a mixed
+  prompt set shows where the rollouts went and which task's reward rose
+  (e.g. a guessable one)."""
+  tasks = np.asarray(tasks_P)
+  names = sorted(set(tasks.tolist()))
+  return ({t: float(correct_PxK[tasks == t].mean()) for t in names},
+          {t: int((tasks == t).sum()) for t in names})
 
 
 def _p95(x) -> float:
@@ -253,9 +264,12 @@ class RLLoop:
                                 length_weight=weight,
                                 repeat_penalty=rl.repeat_penalty)
     partial = np.array([len(t.segments) > 1 for t in trajs])
+    acc_by_task, groups_by_task = by_task(
+        [task_of(task.train[g.prompt_index]) for g in groups], correct)
     stats = {
         "reward": float(total.mean()), "task_reward": float(task_r.mean()),
         "accuracy": float(correct.mean()),
+        "accuracy_by_task": acc_by_task, "groups_by_task": groups_by_task,
         "length_mean": float(lengths.mean()), "length_p95": _p95(lengths),
         "length_reward_mean": float(len_r.mean()),
         "length_reward_weight": float(weight),
