@@ -119,11 +119,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                             samples=8, max_new_tokens=48, keep="shortest")
   if arg in (None, "", "spelling"):
     spelling_with_room(c)
-  if arg in (None, ""):
-    with_guessable_prompts(c)
+    if not arg:
+      with_guessable_prompts(c)
   elif arg == "micro":
     shrink_to_micro(c)
-  elif arg not in ("spelling", "three_tasks"):
+  elif arg != "three_tasks":
     raise ValueError(f"unknown variant {arg!r} (known: spelling, "
                      f"three_tasks, micro)")
   return c
