@@ -17,7 +17,7 @@ Variants:
                the vanilla stage teaches as a bare verdict and that is
                neither held out nor validated: curation's format rule
                removes them (report 2.1), the run without curation trains
-               on them (about 10 minutes for seed 0 on 2 cores; three seeds
+               on them (about 10 minutes for seed 0 on 2 cores; five seeds
                in docs/curation.md). The default since 2026-11-26
                (sixteenth session).
   spelling     spelling backward, lower-case words of 3-7 letters: a
