@@ -518,9 +518,9 @@ def markdown_table(results: Mapping[str, Any], early_step: int | None = None
   reference = next(iter(arms))
   val = any(a.get("final_val") for a in arms.values())
   early_key = "val/pass_at_1" if val else "eval/pass_at_1"
-  early = {arm: _curve_at(a["curves"].get(early_key), early_step)
-           for arm, a in arms.items()
-           if early_step is not None and a["n_seeds"]}
+  early = ({arm: _curve_at(a["curves"].get(early_key), early_step)
+            for arm, a in arms.items() if a["n_seeds"]}
+           if early_step is not None else {})
   if not any(early.values()):
     early_step = None  # no run evaluated at that iteration: no empty column
   head = ["arm", "settings", "seeds"]

@@ -60,11 +60,7 @@ class GymConfig:
   def __post_init__(self):
     if not self.names():
       raise ValueError("gym.datasets is empty")
-    opts = self.options()
-    unknown = sorted(set(opts) - set(self.names()))
-    if unknown:
-      raise ValueError(f"gym.options_json names datasets not in "
-                       f"gym.datasets: {unknown}")
+    self.options()
     self.where()
 
     for key in SIZE_KEYS[:3]:
@@ -73,19 +69,25 @@ class GymConfig:
                          f"{getattr(self, key)}")
     self.overrides()
 
-  def overrides(self) -> dict[str, dict[str, int]]:
+  def _per_dataset(self, key: str, shape: str) -> dict[str, dict]:
+    """Section field `key` parsed: a JSON object of objects keyed by
+    datasets of gym.datasets (`shape` describes it in the error)."""
     try:
-      value = json.loads(self.sizes_json)
+      value = json.loads(getattr(self, key))
     except json.JSONDecodeError as exc:
-      raise ValueError(f"gym.sizes_json: not JSON ({exc})") from None
+      raise ValueError(f"gym.{key}: not JSON ({exc})") from None
     if not isinstance(value, dict) or not all(isinstance(v, dict)
                                               for v in value.values()):
-      raise ValueError("gym.sizes_json must be an object of objects "
-                       "({dataset: {size key: int}})")
+      raise ValueError(f"gym.{key} must be {shape}")
     unknown = sorted(set(value) - set(self.names()))
     if unknown:
-      raise ValueError(f"gym.sizes_json names datasets not in "
+      raise ValueError(f"gym.{key} names datasets not in "
                        f"gym.datasets: {unknown}")
+    return value
+
+  def overrides(self) -> dict[str, dict[str, int]]:
+    value = self._per_dataset(
+        "sizes_json", "an object of objects ({dataset: {size key: int}})")
     for name, sizes in value.items():
       for key, n in sizes.items():
         if key not in SIZE_KEYS:
@@ -116,29 +118,15 @@ class GymConfig:
     return [n.strip() for n in self.datasets.split(",") if n.strip()]
 
   def options(self) -> dict[str, dict[str, Any]]:
-    try:
-      value = json.loads(self.options_json)
-    except json.JSONDecodeError as exc:
-      raise ValueError(f"gym.options_json: not JSON ({exc})") from None
-    if not isinstance(value, dict) or not all(isinstance(v, dict)
-                                              for v in value.values()):
-      raise ValueError("gym.options_json must be an object of objects")
-    return value
+    return self._per_dataset("options_json", "an object of objects")
 
   def where(self) -> dict[str, dict[str, str]]:
-    try:
-      value = json.loads(self.where_json)
-    except json.JSONDecodeError as exc:
-      raise ValueError(f"gym.where_json: not JSON ({exc})") from None
-    if not isinstance(value, dict) or not all(
-        isinstance(v, dict) and all(isinstance(p, str) for p in v.values())
-        for v in value.values()):
-      raise ValueError("gym.where_json must be an object of objects of "
-                       "regex strings ({dataset: {field.path: pattern}})")
-    unknown = sorted(set(value) - set(self.names()))
-    if unknown:
-      raise ValueError(f"gym.where_json names datasets not in "
-                       f"gym.datasets: {unknown}")
+    shape = ("an object of objects of regex strings ({dataset: "
+             "{field.path: pattern}})")
+    value = self._per_dataset("where_json", shape)
+    if not all(isinstance(p, str) for v in value.values()
+               for p in v.values()):
+      raise ValueError(f"gym.where_json must be {shape}")
     for name, fields in value.items():
       for path, pattern in fields.items():
         try:
