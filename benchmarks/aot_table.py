@@ -1,6 +1,6 @@
 """The README's TPU table, from `launch/plan.py --aot ... --json` reports.
 
-  python benchmarks/aot_table.py benchmarks/results/aot/*.json
+  python benchmarks/aot_table.py docs/results/aot/*.json
 
 Prints one Markdown row per report: the model (from the config's file name
 and variant), the slice, the resolved mesh, tokens per sequence, the

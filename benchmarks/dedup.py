@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Near-duplicate search on number-free prompts: exact pairwise vs MinHash.
 
-Number-free prompts fall into one block of `kimi_jax/data/dedup.py`, where
+Number-free prompts fall into one block of `kimi_jax/curation/dedup.py`, where
 the pairwise search compares every prompt with every kept one. This times
 `find_duplicates` both ways on the same synthetic set and counts what the
 MinHash search found of what the pairwise one found (its recall; it never
@@ -13,7 +13,7 @@ earlier prompt with one word replaced (Jaccard of character 5-grams about
 0.8-0.9). Pairwise runs up to --pairwise-max prompts (it is quadratic);
 MinHash runs at every size.
 
-  python benchmarks/dedup.py --json benchmarks/results/dedup_cpu.json
+  python benchmarks/dedup.py --json docs/results/dedup_cpu.json
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kimi_jax.data import dedup  # noqa: E402
+from kimi_jax.curation import dedup  # noqa: E402
 
 SIZES = (1000, 4000, 16000, 64000)
 

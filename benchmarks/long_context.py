@@ -1,4 +1,4 @@
-"""python benchmarks/long_context.py --json benchmarks/results/long_context_cpu.json
+"""python benchmarks/long_context.py --json docs/results/long_context_cpu.json
 
 How the RL train step's memory grows with the sequence length, dense versus
 memory-efficient. For a small model (experiments/tiny.py widened to 8 layers
@@ -33,14 +33,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from kimi_jax import aot, plan  # noqa: E402
 from kimi_jax import train_step as ts  # noqa: E402
-from kimi_jax.config import load_config, to_dataclass  # noqa: E402
+from kimi_jax.infra import aot
+from kimi_jax.infra.config import load_config, to_dataclass  # noqa: E402
+from kimi_jax.job import plan  # noqa: E402
 from kimi_jax.model import transformer  # noqa: E402
 from kimi_jax.model.config import ModelConfig  # noqa: E402
-from kimi_jax.token_rows import TokenRows  # noqa: E402
 from kimi_jax.sharding import (MeshConfig, Sharder, make_mesh,  # noqa: E402
                                rules_from_config)
+from kimi_jax.token_rows import TokenRows  # noqa: E402
 
 TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), "experiments", "tiny.py")

@@ -9,7 +9,7 @@ line, boxed inside prose). Then times hostile answers one call at a time
 (every call must return within `--timeout-s`, start-up of replacement
 workers included).
 
-  python benchmarks/math_verifier.py --json benchmarks/results/math_verifier.json
+  python benchmarks/math_verifier.py --json docs/results/math_verifier.json
 """
 
 from __future__ import annotations

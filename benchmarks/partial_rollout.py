@@ -46,8 +46,8 @@ from typing import Any
 
 import jax
 
-from kimi_jax.config import load_config
 from kimi_jax.data import synthetic
+from kimi_jax.infra.config import load_config
 from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.rl import batching

@@ -13,7 +13,7 @@ groups, 1 epoch), and a hash reward that differs within every group so no
 group is dropped as uninformative. `sampler.steps_per_call` and
 `model.scan_layers` come from experiments/tiny.py, as a user gets them, and
 the train step gets the backend's compiler options
-(kimi_jax/compile_options.py). A baseline runs beside it, iteration by
+(kimi_jax/infra/compile_options.py). A baseline runs beside it, iteration by
 iteration (`baseline` in the JSON; `--baseline`): by default the same loop
 with its train step compiled with XLA's default options, or the other
 `scan_layers`.
@@ -38,9 +38,9 @@ import os
 import jax
 import numpy as np
 
-from kimi_jax import compile_options
-from kimi_jax.config import load_config
 from kimi_jax.data import synthetic
+from kimi_jax.infra import compile_options
+from kimi_jax.infra.config import load_config
 from kimi_jax.model import transformer
 from kimi_jax.model.config import count_params
 from kimi_jax.rl.config import RLConfig
@@ -53,8 +53,9 @@ from kimi_jax.sampler.driver import Sampler
 from kimi_jax.sampler.engine import Engine, EngineConfig
 from kimi_jax.sampler.repetition import RepeatConfig
 from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
-from sampler import (QWEN_SHAPED, CompiledInTimedSection, matmul_peak_flops,
-                     no_compiles, pin_matmul_precision)
+from sampler_workloads import QWEN_SHAPED
+from timing import (CompiledInTimedSection, matmul_peak_flops, no_compiles,
+                    pin_matmul_precision)
 
 PROMPTS, SAMPLES, PROMPT_LEN, RESPONSE_LEN = 8, 4, 32, 64
 WARMUP, TIMED = 2, 5
@@ -70,7 +71,7 @@ def shipped_scan_layers() -> bool:
 def build_loop(scan_layers: bool, compiler_options: dict | None = None
                ) -> tuple[RLLoop, LoopState, object]:
   """The workload's loop; `compiler_options` for its train step (None: the
-  shipped backend options of kimi_jax/compile_options.py, {}: XLA's)."""
+  shipped backend options of kimi_jax/infra/compile_options.py, {}: XLA's)."""
   cache_len = PROMPT_LEN + RESPONSE_LEN
   model = dataclasses.replace(QWEN_SHAPED, max_seq_len=cache_len,
                               scan_layers=scan_layers)

@@ -72,7 +72,6 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
   training length buckets all go up to it.
   """
   seq_len = model.max_seq_len
-  max_prompt = 2048  # ours: longer math prompts are dropped by the task
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.model = model
@@ -80,8 +79,27 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
   c.init_from_hf = ""
   c.mesh = ml_collections.ConfigDict(mesh)
   c.sharding = tiny.sharding_config()
+  c.task = _task_section()
+  c.sft = _sft_section(seq_len)
+  c.sampler = _sampler_section(seq_len, max_slots)
+  c.rl = _rl_section(seq_len, prompts_per_iteration=prompts_per_iteration,
+                     minibatch_prompts=minibatch_prompts,
+                     learning_rate=learning_rate)
+  # Report 2.3.4: prioritized sampling by 1 - success rate, as tiny.py. A
+  # curriculum ("warmup_then_hard" / "stages") needs a `difficulty` field.
+  c.prompt_sampling = tiny.prompt_sampling_config()
+  # task.reward = rm_cot / verifier_or_rm_cot etc. scores RL with a trained
+  # reward model (docs/rewards.md).
+  c.reward_model = tiny.reward_model_config()
+  c.checkpoint = ml_collections.ConfigDict(dict(every_iterations=5,
+                                                max_to_keep=3))
+  c.log = ml_collections.ConfigDict(dict(progress=True, plots=True))
+  return c
 
-  c.task = ml_collections.ConfigDict(dict(
+
+def _task_section() -> ml_collections.ConfigDict:
+  """JSONL math prompts, prompted through the checkpoint's chat template."""
+  return ml_collections.ConfigDict(dict(
       name="jsonl",
       # JSONL prompt sets (kimi_jax/data/records.py); set per run.
       train_path="",
@@ -103,13 +121,16 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
       system_prompt="",  # "" keeps the template's default
   ))
 
+
+def _sft_section(seq_len: int) -> ml_collections.ConfigDict:
+  """The warm start: packed SFT in two learning-rate stages."""
   # Warm start (report 2.2: a lightweight long-CoT SFT) on sft.train_path.
   # Packed sequences at the full length (2.5.2). Learning rates from 2.5.2's
   # two stages: 2e-5 decayed to 2e-6, then re-warmed to 1e-5 and decayed to
   # 1e-6 (the report's second stage runs at 128k tokens; ours stays at
   # seq_len). Step counts, warm-ups and the cosine shape are ours (the
   # report says "decays", not how).
-  c.sft = ml_collections.ConfigDict(dict(
+  return ml_collections.ConfigDict(dict(
       steps=1000,  # ours
       batch_size=64,  # ours
       seq_len=seq_len,
@@ -138,7 +159,11 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
       truncate=False,  # 2.5.2's first stage drops over-length examples
   ))
 
-  c.sampler = ml_collections.ConfigDict(dict(
+
+def _sampler_section(seq_len: int, max_slots: int
+                     ) -> ml_collections.ConfigDict:
+  """Slots and prefill buckets up to the full sequence length."""
+  return ml_collections.ConfigDict(dict(
       max_slots=max_slots,
       cache_len=seq_len,
       prefill_buckets=_powers_of_two(512, seq_len),
@@ -156,7 +181,13 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
       steps_per_call=16,
   ))
 
-  c.rl = ml_collections.ConfigDict(dict(
+
+def _rl_section(seq_len: int, *, prompts_per_iteration: int,
+                minibatch_prompts: int, learning_rate: float
+                ) -> ml_collections.ConfigDict:
+  """Mirror descent with partial rollouts and the length reward."""
+  max_prompt = 2048  # ours: longer math prompts are dropped by the task
+  return ml_collections.ConfigDict(dict(
       iterations=1000,
       prompts_per_iteration=prompts_per_iteration,
       samples_per_prompt=8,  # ours (the report's k is not given)
@@ -196,18 +227,6 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
       eval_every=20,
       eval_samples=4,
   ))
-
-  # Report 2.3.4: prioritized sampling by 1 - success rate, as tiny.py. A
-  # curriculum ("warmup_then_hard" / "stages") needs a `difficulty` field.
-  c.prompt_sampling = tiny.prompt_sampling_config()
-  # task.reward = rm_cot / verifier_or_rm_cot etc. scores RL with a trained
-  # reward model (docs/rewards.md).
-  c.reward_model = tiny.reward_model_config()
-
-  c.checkpoint = ml_collections.ConfigDict(dict(every_iterations=5,
-                                                max_to_keep=3))
-  c.log = ml_collections.ConfigDict(dict(progress=True, plots=True))
-  return c
 
 
 def tiny_variant(model: ml_collections.ConfigDict

@@ -1,9 +1,10 @@
 """python launch/tpu_run.py --config experiments/gym_tiny.py --workdir /tmp/kimi_gym
 
 From raw reasoning-gym problems to an RL-trained policy in one job, on a
-laptop CPU (kimi_jax/gym_pipeline.py, docs/curation.md): problems from
-reasoning-gym's generators and a tokenizer built on them; vanilla SFT of a
-small model from scratch on worked solutions; curation of the RL prompts
+laptop CPU (kimi_jax/curation/gym_pipeline.py, docs/gym_pipeline.md):
+problems from reasoning-gym's generators and a tokenizer built on them;
+vanilla SFT of a small model from scratch on worked solutions; curation of
+the RL prompts
 with that model (pass-rate step, report 2.1); long-CoT warm-up rows by
 rejection sampling it (2.2); then the main job: long-CoT SFT on those rows
 and Kimi k1.5 RL on the curated prompts. W/summary.json: curation, warmup,
@@ -18,16 +19,16 @@ Variants:
                neither held out nor validated: curation's format rule
                removes them (report 2.1), the run without curation trains
                on them (about 10 minutes for seed 0 on 2 cores; five seeds
-               in docs/curation.md). The default since 2026-11-26
-               (sixteenth session).
+               in docs/gym_pipeline.md).
   spelling     spelling backward, lower-case words of 3-7 letters: a
                vanilla stage that stops once greedy answers are right on
                70% of the validation problems, 60 RL iterations, 500
-               held-out problems; room for RL (the default on 2026-11-26,
-               fifteenth session).
+               held-out problems; room for RL, nothing guessable for
+               curation to remove.
   three_tasks  chain sums, spelling backward and letter counting, 1500
-               vanilla steps: nearly solved before RL (the default until
-               2026-11-26; about 9.5 minutes).
+               vanilla steps, the easy-to-hack step on: every curation
+               step at work, but nearly solved before RL (about 9.5
+               minutes).
   micro        three_tasks at seconds scale, for tests.
 
 The same run without curation: --config.pipeline.curate=False (the same
@@ -39,11 +40,11 @@ import json
 import ml_collections
 
 from experiments import tiny
-from kimi_jax.config import from_dataclass
-from kimi_jax.data.curate import CurateConfig
-from kimi_jax.data.gym_problems import GymConfig
-from kimi_jax.data.warmup import WarmupConfig
-from kimi_jax.gym_pipeline import PipelineConfig
+from kimi_jax.curation.curate import CurateConfig
+from kimi_jax.curation.gym_pipeline import PipelineConfig
+from kimi_jax.curation.gym_problems import GymConfig
+from kimi_jax.curation.warmup import WarmupConfig
+from kimi_jax.infra.config import from_dataclass
 
 # Generators and sizes a ~1M-parameter model can learn in minutes (ours).
 GYM_OPTIONS = {
@@ -76,8 +77,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       on_bad_row="error"))
   c.sft.update(batch_size=32, seq_len=128, learning_rate=2e-3,
                warmup_steps=20, decay="cosine", final_learning_rate=2e-4)
-  c.sampler.update(cache_len=112, prefill_buckets=(32, 64),
-                   max_slots=128, steps_per_call=16)
+  c.sampler.update(cache_len=112, prefill_buckets=(32, 64), max_slots=128)
   c.rl.update(iterations=30, prompts_per_iteration=32, samples_per_prompt=8,
               minibatch_prompts=16, learning_rate=5e-5, max_response_len=48,
               token_budget=48, length_reward_warmup=20,
@@ -90,7 +90,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # 44 times over (its loss still fell at 600 steps); half the worked
   # solutions answer the plain prompt, so the long-CoT stage (plain
   # prompts, worked answers) shifts the mode mix instead of breaking the
-  # copying (docs/curation.md, measured).
+  # copying (docs/gym_pipeline.md, "What did not work").
   # One in ten vanilla rows answers directly: enough for the no-CoT guesses
   # of the easy-to-hack step, while the plain prompt mostly gets steps
   # (better models and a smaller curated-RL loss than one in two; measured).
@@ -137,7 +137,7 @@ def spelling_with_room(c: ml_collections.ConfigDict) -> None:
   Lower-case words only: reasoning-gym's word list holds proper nouns
   (about one word in six), whose capital first letter this model rarely
   sees and cannot learn to copy, so they capped every run near 0.8
-  (docs/curation.md). The vanilla stage stops once greedy answers are
+  (docs/gym_pipeline.md). The vanilla stage stops once greedy answers are
   right on 70% of the validation problems (checked every 25 steps, at
   most 1000): the model learns to copy letters suddenly, after 200 to 700
   steps depending on the seed, so a fixed count left one seed unable to
@@ -151,7 +151,7 @@ def spelling_with_room(c: ml_collections.ConfigDict) -> None:
   skips the easy-to-hack step: a word spelled backward cannot be guessed,
   so a right answer without steps means the model can do the task, and
   after a longer vanilla stage the step dropped 627 of 1000 prompts and
-  left RL +0.010 (docs/curation.md). RL's prioritized sampling starts
+  left RL +0.010 (docs/gym_pipeline.md). RL's prioritized sampling starts
   from each prompt's measured pass rate, and the long-CoT stage peaks at
   1e-4.
   """
@@ -163,7 +163,7 @@ def spelling_with_room(c: ml_collections.ConfigDict) -> None:
                     vanilla_check_every=25, long_cot_learning_rate=1e-4)
   c.task.reward = "reasoning_gym_steps"
   # The data stages count an answer right as RL does; the step check only
-  # changes the score (kimi_jax/data/policy.py).
+  # changes the score (kimi_jax/curation/policy.py).
   c.reward.name = "reasoning_gym_steps"
   c.sampler.cache_len = 128
   c.rl.update(iterations=60, eval_every=20, reset_optimizer=False,

@@ -64,7 +64,7 @@ def prompt_sampling_config() -> ml_collections.ConfigDict:
       ema_decay=0.5,
       initial_success=0.0,
       # A curated set's measured pass rate as the starting success rate
-      # ("pass_rate", kimi_jax/data/curate.py); "" uses initial_success.
+      # ("pass_rate", kimi_jax/curation/curate.py); "" uses initial_success.
       initial_success_field="",
   ))
 
@@ -91,8 +91,25 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, context=1,
                                          tensor=1))
   c.sharding = sharding_config()
+  c.task = task_config()
+  c.sft = sft_config()
+  c.sampler = sampler_config()
+  c.rl = rl_config()
+  c.prompt_sampling = prompt_sampling_config()
+  c.reward_model = reward_model_config()
+  c.checkpoint = ml_collections.ConfigDict(dict(every_iterations=1,
+                                                max_to_keep=2))
+  c.log = ml_collections.ConfigDict(dict(progress=True, plots=True))
+  if arg == "micro":
+    shrink_to_micro(c)
+  elif arg:
+    raise ValueError(f"unknown variant {arg!r} (known: micro)")
+  return c
 
-  c.task = ml_collections.ConfigDict(dict(
+
+def task_config() -> ml_collections.ConfigDict:
+  """Pointer chasing, 1 to 8 steps, with its exact verifier as reward."""
+  return ml_collections.ConfigDict(dict(
       name="pointer_chase",
       min_steps=1,
       max_steps=8,
@@ -106,7 +123,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       reward="pointer_chase",
   ))
 
-  c.sft = ml_collections.ConfigDict(dict(
+
+def sft_config() -> ml_collections.ConfigDict:
+  """The warm start: 250 steps on the task's own warm-start pairs."""
+  return ml_collections.ConfigDict(dict(
       steps=250,
       batch_size=64,
       seq_len=32,
@@ -135,7 +155,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       truncate=False,  # True: cut examples longer than seq_len
   ))
 
-  c.sampler = ml_collections.ConfigDict(dict(
+
+def sampler_config() -> ml_collections.ConfigDict:
+  """128 slots over a 48-token cache."""
+  return ml_collections.ConfigDict(dict(
       max_slots=128,
       cache_len=48,
       prefill_buckets=(8, 16, 32, 48),
@@ -150,7 +173,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       steps_per_call=16,
   ))
 
-  c.rl = ml_collections.ConfigDict(dict(
+
+def rl_config() -> ml_collections.ConfigDict:
+  """Mirror descent with partial rollouts and the length reward."""
+  return ml_collections.ConfigDict(dict(
       iterations=80,
       prompts_per_iteration=32,
       samples_per_prompt=8,
@@ -187,18 +213,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       eval_every=10,
       eval_samples=4,
   ))
-
-  c.prompt_sampling = prompt_sampling_config()
-  c.reward_model = reward_model_config()
-
-  c.checkpoint = ml_collections.ConfigDict(dict(every_iterations=1,
-                                                max_to_keep=2))
-  c.log = ml_collections.ConfigDict(dict(progress=True, plots=True))
-  if arg == "micro":
-    shrink_to_micro(c)
-  elif arg:
-    raise ValueError(f"unknown variant {arg!r} (known: micro)")
-  return c
 
 
 def shrink_to_micro(c: ml_collections.ConfigDict) -> None:

@@ -22,7 +22,7 @@ from kimi_jax.data.records import LoadReport
 from kimi_jax.data.sft_data import PackedBatches
 from kimi_jax.data.tasks import JsonlTaskConfig, Task, TaskConfig
 from kimi_jax.token_rows import TokenRows, image_slots
-from kimi_jax.train_step import OptimizerConfig
+from kimi_jax.train_step import AdamWConfig, OptimizerConfig
 from kimi_jax.vision.config import VisionConfig
 from kimi_jax.vision.merge import RowImages
 
@@ -31,8 +31,8 @@ from kimi_jax.vision.merge import RowImages
 STOP_METRICS = ("pass_at_1", "greedy_accuracy")
 
 
-@dataclasses.dataclass(frozen=True)
-class SFTConfig:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTConfig(AdamWConfig):
   """The `sft` config section.
 
   Data (kimi_jax.data.records / sft_data): `train_path` is a JSONL file of
@@ -57,10 +57,6 @@ class SFTConfig:
   steps: int
   batch_size: int
   seq_len: int
-  learning_rate: float
-  warmup_steps: int = 0
-  weight_decay: float = 0.0
-  grad_clip: float = 1.0
   decay: str = "constant"
   final_learning_rate: float = 0.0
   stage2_steps: int = 0
@@ -108,27 +104,24 @@ class SFTConfig:
                        f"sft.check_every >= 1, got {self.check_every}")
     if self.steps:
       try:
-        optimizer_config(self)
+        self.optimizer()
       except ValueError as exc:
         raise ValueError(f"sft: {exc}") from None
 
-
-def optimizer_config(cfg: SFTConfig) -> OptimizerConfig:
-  """The SFT optimizer: stage 1 decays over the steps that stage 2 (the
-  last `stage2_steps`) and the warm-up leave."""
-  two = cfg.stage2_steps > 0
-  return OptimizerConfig(
-      learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps,
-      weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
-      decay=cfg.decay,
-      decay_steps=(cfg.steps - cfg.stage2_steps - cfg.warmup_steps
-                   if cfg.decay != "constant" else 0),
-      final_learning_rate=cfg.final_learning_rate,
-      stage2_learning_rate=cfg.stage2_learning_rate if two else 0.0,
-      stage2_warmup_steps=cfg.stage2_warmup_steps if two else 0,
-      stage2_decay_steps=(cfg.stage2_steps - cfg.stage2_warmup_steps
-                          if two else 0),
-      stage2_final_learning_rate=cfg.stage2_final_learning_rate)
+  def optimizer(self) -> OptimizerConfig:
+    """The SFT optimizer: stage 1 decays over the steps that stage 2 (the
+    last `stage2_steps`) and the warm-up leave."""
+    two = self.stage2_steps > 0
+    return dataclasses.replace(
+        super().optimizer(), decay=self.decay,
+        decay_steps=(self.steps - self.stage2_steps - self.warmup_steps
+                     if self.decay != "constant" else 0),
+        final_learning_rate=self.final_learning_rate,
+        stage2_learning_rate=self.stage2_learning_rate if two else 0.0,
+        stage2_warmup_steps=self.stage2_warmup_steps if two else 0,
+        stage2_decay_steps=(self.stage2_steps - self.stage2_warmup_steps
+                            if two else 0),
+        stage2_final_learning_rate=self.stage2_final_learning_rate)
 
 
 @dataclasses.dataclass(frozen=True)

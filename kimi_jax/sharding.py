@@ -236,23 +236,6 @@ def process_rows(sharding: jax.sharding.Sharding, shape: Sequence[int]
   return range(min(starts), max(stops))
 
 
-def process_local_to_global(local: np.ndarray, sharding: jax.sharding.Sharding,
-                            global_shape: Sequence[int]) -> jax.Array:
-  """A global array from the rows (see `process_rows`) this process holds."""
-  local = np.asarray(local)
-  shape = tuple(global_shape)
-  first = process_rows(sharding, shape).start
-  shards = []
-  for device, index in sharding.addressable_devices_indices_map(
-      shape).items():
-    rows = index[0] if index else slice(None)
-    start = (rows.start or 0) - first
-    stop = (shape[0] if rows.stop is None else rows.stop) - first
-    shards.append(jax.device_put(local[(slice(start, stop),) + tuple(
-        index[1:])], device))
-  return jax.make_array_from_single_device_arrays(shape, sharding, shards)
-
-
 def constrain(sharder: Sharder | None, x: jax.Array,
               logical: Sequence[str | None]) -> jax.Array:
   """Sharding constraint, or identity when running without a mesh."""

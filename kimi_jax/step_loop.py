@@ -23,10 +23,10 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 
-from kimi_jax import checkpoint as ckpt_lib
 from kimi_jax import train_step as ts
-from kimi_jax import console
-from kimi_jax.console import log
+from kimi_jax.infra import console
+from kimi_jax.infra import checkpoint as ckpt_lib
+from kimi_jax.infra.console import log
 from kimi_jax.sharding import Sharder, place_batch
 
 

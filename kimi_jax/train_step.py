@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from kimi_jax import compile_options
+from kimi_jax.infra import compile_options
 from kimi_jax.model import logprobs, transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sharding import Sharder
@@ -38,9 +38,33 @@ class TrainState:
 DECAYS = ("constant", "linear", "cosine")
 
 
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-  """AdamW with global-norm clipping and a warm-up / decay schedule.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdamWConfig:
+  """The AdamW settings of every training section (`sft`, `rl`, `dpo`,
+  `rm_value`, `rm_cot`): each section's config inherits these fields, so
+  its keys stay `config.<section>.learning_rate` etc. and it states only
+  the defaults it changes; `optimizer()` builds its OptimizerConfig.
+
+  learning_rate: the peak, reached by a linear ramp from 0 over
+  `warmup_steps` optimizer steps; grad_clip: the global-norm clip.
+  """
+
+  learning_rate: float
+  warmup_steps: int = 0
+  weight_decay: float = 0.0
+  grad_clip: float = 1.0
+
+  def optimizer(self) -> OptimizerConfig:
+    """These settings, warm-up then a constant learning rate; a section
+    with a decay schedule extends it."""
+    return OptimizerConfig(**{f.name: getattr(self, f.name)
+                              for f in dataclasses.fields(AdamWConfig)})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerConfig(AdamWConfig):
+  """AdamW with global-norm clipping and a warm-up / decay schedule: the
+  AdamWConfig settings, Adam's betas, and the schedule below.
 
   Learning rate by step s (optimizer updates so far):
     stage 1: linear warm-up from 0 to `learning_rate` over `warmup_steps`,
@@ -53,10 +77,6 @@ class OptimizerConfig:
       that floor for good.
   """
 
-  learning_rate: float
-  warmup_steps: int = 0
-  weight_decay: float = 0.0
-  grad_clip: float = 1.0
   b1: float = 0.9
   b2: float = 0.95
   decay: str = "constant"
@@ -66,6 +86,10 @@ class OptimizerConfig:
   stage2_warmup_steps: int = 0
   stage2_decay_steps: int = 0
   stage2_final_learning_rate: float = 0.0
+
+  def optimizer(self) -> OptimizerConfig:
+    """Itself: the schedule is already complete."""
+    return self
 
   def __post_init__(self):
     if self.learning_rate <= 0:
@@ -245,7 +269,7 @@ def jit_train_step(loss_fn: LossFn, optimizer, shardings: TrainState,
   """The step jitted with in/out shardings and the state donated.
 
   `compiler_options` None: the train-step options of the mesh's backend
-  (`kimi_jax.compile_options`); {} compiles with XLA's defaults.
+  (`kimi_jax.infra.compile_options`); {} compiles with XLA's defaults.
   """
   if compiler_options is None:
     platform = shardings.step.mesh.devices.flat[0].platform

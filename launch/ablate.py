@@ -34,7 +34,8 @@ import time
 
 from absl import app, flags
 
-from kimi_jax.config import ConfigError, define_config_flag, parse_flags
+from kimi_jax.infra import quiet
+from kimi_jax.infra.config import ConfigError, define_config_flag, parse_flags
 
 _CONFIG = define_config_flag()
 _WORKDIR = flags.DEFINE_string(
@@ -52,7 +53,7 @@ _EARLY_STEP = flags.DEFINE_integer(
     "RL iteration (how fast each arm learns); -1 for none")
 _SHARE_WARM_START = flags.DEFINE_bool(
     "share_warm_start", True, "run stage one once per seed when no arm "
-    "changes what it reads (see kimi_jax/ablation.py)")
+    "changes what it reads (see kimi_jax/ablation/sweep.py)")
 _COMPILATION_CACHE = flags.DEFINE_string(
     "compilation_cache", "none", "a JAX persistent compilation cache "
     "directory the runs share ('none': off, each run compiles its own; the "
@@ -61,10 +62,9 @@ _COMPILATION_CACHE = flags.DEFINE_string(
 
 def main(argv):
   del argv
+  quiet.start()
   from kimi_jax import ablation as ablation_lib
-  from kimi_jax.console import quiet_library_logs
-  from kimi_jax.workdir_lock import WorkdirBusyError
-  quiet_library_logs()
+  from kimi_jax.infra.workdir_lock import WorkdirBusyError
   try:
     ablation = ablation_lib.parse_ablation(_CONFIG.value)
   except (ConfigError, ValueError) as exc:

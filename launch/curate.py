@@ -30,8 +30,9 @@ import sys
 
 from absl import app, flags
 
-from kimi_jax.config import define_config_flag, parse_flags
 from kimi_jax.data import journal as journal_lib
+from kimi_jax.infra import quiet
+from kimi_jax.infra.config import define_config_flag, parse_flags
 
 _CONFIG = define_config_flag()
 _IN = flags.DEFINE_string("in", None, "raw prompt set (JSONL)", required=True)
@@ -50,12 +51,11 @@ _JOURNAL, _PROGRESS = journal_lib.define_flags("curate")
 
 def main(argv):
   del argv
-  from kimi_jax.config import ConfigError
-  from kimi_jax.console import quiet_library_logs
-  from kimi_jax.data import curate as curate_lib
-  from kimi_jax.data import tools_config
+  quiet.start()
+  from kimi_jax.infra.config import ConfigError
+  from kimi_jax.curation import curate as curate_lib
+  from kimi_jax.curation import config as tools_config
   from kimi_jax.data.records import DataError
-  quiet_library_logs()
   config = _CONFIG.value
   try:
     cfg = tools_config.curate_config(config)

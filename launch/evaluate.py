@@ -25,6 +25,8 @@ import sys
 
 from absl import app, flags
 
+from kimi_jax.infra import quiet
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "a kimi_jax run's workdir",
                                required=True)
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
@@ -57,12 +59,11 @@ def response_rows(drawn, records, splits):
 
 def main(argv):
   del argv
-  from kimi_jax import workdir as workdir_lib
-  from kimi_jax.config import ConfigError
-  from kimi_jax.console import quiet_library_logs
+  quiet.start()
+  from kimi_jax.job import workdir as workdir_lib
+  from kimi_jax.infra.config import ConfigError
   from kimi_jax.data.records import DataError
   from kimi_jax.rl import breakdown as bd
-  quiet_library_logs()
   try:
     splits = [bd.parse_split(s) for s in _BY.value]
     names = [s.name for s in splits]

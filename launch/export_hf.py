@@ -27,12 +27,17 @@ def parse_args(argv):
                  help="checkpoint step to export (default: the latest)")
   p.add_argument("--max-shard-gb", type=float, default=None,
                  help="split the weights into files of at most this size")
+  p.add_argument("--verbosity", "-v", type=int, default=None,
+                 help="show library logs at this absl level (0: INFO); "
+                 "default: warnings only")
   return p.parse_args(argv)
 
 
 def main(argv=None):
   args = parse_args(sys.argv[1:] if argv is None else argv)
-  from kimi_jax.export import ExportError, export_workdir
+  from kimi_jax.infra import quiet
+  quiet.start(args.verbosity)
+  from kimi_jax.job.export import ExportError, export_workdir
   from kimi_jax.model.hf import HFCheckpointError
   shard = None if args.max_shard_gb is None else int(args.max_shard_gb * 2**30)
   try:

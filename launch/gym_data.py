@@ -14,7 +14,8 @@ import json
 
 from absl import app, flags
 
-from kimi_jax.config import define_config_flag, parse_flags
+from kimi_jax.infra import quiet
+from kimi_jax.infra.config import define_config_flag, parse_flags
 
 _CONFIG = define_config_flag()
 _TRAIN = flags.DEFINE_string("train", None, "train problems (JSONL)",
@@ -28,10 +29,11 @@ _VAL = flags.DEFINE_string(
 
 def main(argv):
   del argv
-  from kimi_jax.config import to_dataclass
-  from kimi_jax.data.curate import write_jsonl
-  from kimi_jax.data.gym_problems import (GymConfig, problem_sets,
-                                          validation_set)
+  quiet.start()
+  from kimi_jax.infra.config import to_dataclass
+  from kimi_jax.curation.curate import write_jsonl
+  from kimi_jax.curation.gym_problems import (GymConfig, problem_sets,
+                                              validation_set)
   gym = to_dataclass(GymConfig, _CONFIG.value.gym, "gym")
   if _VAL.value and not gym.has_val():
     raise app.UsageError("--val needs --config.gym.val_size > 0")

@@ -18,7 +18,8 @@ import sys
 
 from absl import app, flags
 
-from kimi_jax.config import ConfigError, define_config_flag, parse_flags
+from kimi_jax.infra import quiet
+from kimi_jax.infra.config import ConfigError, define_config_flag, parse_flags
 
 _CONFIG = define_config_flag()
 _WORKDIR = flags.DEFINE_string(
@@ -33,9 +34,8 @@ _COMPILE_CACHE = flags.DEFINE_bool(
 
 def main(argv):
   del argv
-  from kimi_jax.console import quiet_library_logs
-  quiet_library_logs()
-  from kimi_jax.experiment import parse_config
+  quiet.start()
+  from kimi_jax.job.experiment import parse_config
   from kimi_jax.long2short import config as l2s_config
   from kimi_jax.long2short import pipeline
   try:
@@ -48,7 +48,7 @@ def main(argv):
   if _COMPILE_CACHE.value:
     import os
     pipeline.use_compile_cache(os.path.join(_WORKDIR.value, "compile_cache"))
-  from kimi_jax.workdir_lock import WorkdirBusyError
+  from kimi_jax.infra.workdir_lock import WorkdirBusyError
   try:
     pipeline.run(_CONFIG.value, _WORKDIR.value)
   except WorkdirBusyError as exc:

@@ -21,7 +21,8 @@ import sys
 
 from absl import app, flags
 
-from kimi_jax.config import define_config_flag, parse_flags
+from kimi_jax.infra import quiet
+from kimi_jax.infra.config import define_config_flag, parse_flags
 
 _CONFIG = define_config_flag()
 _AOT = flags.DEFINE_string("aot", "", "compile every jitted function of the "
@@ -43,10 +44,12 @@ def main(argv):
   # analytic plan uses abstract devices; with --aot the TPU runtime only
   # compiles), so no TPU runtime is started on a host that has one.
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  quiet.start()
   if _AOT.value:
-    from kimi_jax import aot
+    from kimi_jax.infra import aot
     aot.prepare_environment(_AOT.value)
-  from kimi_jax import aot, plan
+  from kimi_jax.infra import aot
+  from kimi_jax.job import plan
   from ml_collections import config_flags
   config_name = config_flags.get_config_filename(flags.FLAGS["config"])
   overrides = sorted(f"{k}={v!r}" for k, v in

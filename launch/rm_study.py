@@ -12,7 +12,8 @@ import sys
 
 from absl import app, flags
 
-from kimi_jax.config import ConfigError, define_config_flag, parse_flags
+from kimi_jax.infra import quiet
+from kimi_jax.infra.config import ConfigError, define_config_flag, parse_flags
 
 _CONFIG = define_config_flag()
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory",
@@ -21,14 +22,13 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "output directory",
 
 def main(argv):
   del argv
-  from kimi_jax.console import quiet_library_logs
+  quiet.start()
   from kimi_jax.reward_models import study, train as train_lib
-  quiet_library_logs()
   try:
     train_lib.parse(_CONFIG.value)
   except (ConfigError, ValueError) as exc:
     sys.exit(f"config error: {exc}")
-  from kimi_jax.workdir_lock import WorkdirBusyError
+  from kimi_jax.infra.workdir_lock import WorkdirBusyError
   try:
     summary = study.run_study(_CONFIG.value, _WORKDIR.value)
   except WorkdirBusyError as exc:

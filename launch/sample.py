@@ -10,6 +10,8 @@ the config's sampler section.
 
 from absl import app, flags
 
+from kimi_jax.infra import quiet
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "a kimi_jax run's workdir",
                                required=True)
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
@@ -27,7 +29,8 @@ _SEED = flags.DEFINE_integer("seed", 0, "seed of the first sample")
 
 def main(argv):
   del argv
-  from kimi_jax import workdir
+  quiet.start()
+  from kimi_jax.job import workdir
   for line in workdir.complete(
       _WORKDIR.value, _PROMPT.value, step=_STEP.value,
       num_samples=_NUM_SAMPLES.value, max_new_tokens=_MAX_NEW.value,

@@ -15,7 +15,7 @@ must agree with it, except the run settings: dtypes, remat, max_seq_len)
 and writes the trained policy to W/hf_export/.
 
 A config with a `pipeline` section runs the whole way from raw problems
-(kimi_jax/gym_pipeline.py: data, vanilla SFT, curation, warm-up data,
+(kimi_jax/curation/gym_pipeline.py: data, vanilla SFT, curation, warm-up data,
 long-CoT SFT, RL):
 
   python launch/tpu_run.py --config experiments/gym_tiny.py --workdir W
@@ -32,7 +32,8 @@ import sys
 
 from absl import app, flags
 
-from kimi_jax.config import ConfigError, define_config_flag, parse_flags
+from kimi_jax.infra import quiet
+from kimi_jax.infra.config import ConfigError, define_config_flag, parse_flags
 
 _CONFIG = define_config_flag()
 _WORKDIR = flags.DEFINE_string(
@@ -54,16 +55,15 @@ _HEARTBEAT = flags.DEFINE_integer(
 
 def main(argv):
   del argv
+  quiet.start()
   from ml_collections import config_flags
-  from kimi_jax.console import quiet_library_logs
   from kimi_jax.data.records import DataError
-  from kimi_jax.experiment import explicit_model_keys, parse_config
+  from kimi_jax.job.experiment import explicit_model_keys, parse_config
   from kimi_jax.model.hf import HFCheckpointError
-  from kimi_jax.workdir_lock import WorkdirBusyError
-  quiet_library_logs()
+  from kimi_jax.infra.workdir_lock import WorkdirBusyError
   explicit_model = explicit_model_keys(
       config_flags.get_override_values(flags.FLAGS["config"]))
-  from kimi_jax import gym_pipeline
+  from kimi_jax.curation import gym_pipeline
   pipeline = gym_pipeline.is_pipeline(_CONFIG.value)
   # Validate before any device work: a bad config fails in seconds.
   config_error = None
@@ -74,7 +74,7 @@ def main(argv):
       parse_config(_CONFIG.value, explicit_model=explicit_model)
   except (ConfigError, ValueError) as exc:
     config_error = exc
-  from kimi_jax import distributed
+  from kimi_jax.infra import distributed
   try:
     dist = distributed.DistributedConfig(
         coordinator_address=_COORDINATOR.value,
@@ -91,7 +91,7 @@ def main(argv):
     # it exited before joining, its peers would wait for it at start-up.
     # Joined, its exit stops them after one heartbeat timeout.
     distributed.fail(f"config error: {config_error}")
-  from kimi_jax.job import train_and_evaluate
+  from kimi_jax.job.run import train_and_evaluate
   try:
     if pipeline:
       gym_pipeline.run(_CONFIG.value, _WORKDIR.value)

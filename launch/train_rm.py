@@ -24,7 +24,8 @@ import sys
 
 from absl import app, flags
 
-from kimi_jax.config import ConfigError, define_config_flag, parse_flags
+from kimi_jax.infra import quiet
+from kimi_jax.infra.config import ConfigError, define_config_flag, parse_flags
 
 _CONFIG = define_config_flag()
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory",
@@ -41,10 +42,9 @@ _EXPORT = flags.DEFINE_string(
 
 def main(argv):
   del argv
-  from kimi_jax.console import quiet_library_logs
+  quiet.start()
   from kimi_jax.reward_models import train as train_lib
-  from kimi_jax.workdir_lock import WorkdirBusyError
-  quiet_library_logs()
+  from kimi_jax.infra.workdir_lock import WorkdirBusyError
   try:
     train_lib.parse(_CONFIG.value)
   except (ConfigError, ValueError) as exc:

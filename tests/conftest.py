@@ -9,8 +9,8 @@ import tempfile
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# One persistent XLA compilation cache for the session, its subprocesses and
-# the next session: the end-to-end tests compile the same micro programs
+# One persistent XLA compilation cache for the test run, its subprocesses
+# and later runs: the end-to-end tests compile the same micro programs
 # again and again (a cached micro run takes a third of the time). It counts
 # no fewer compilations: the job's counters count traces, which still run.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(

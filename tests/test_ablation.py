@@ -1,4 +1,4 @@
-"""Ablation sweeps (kimi_jax/ablation.py, experiments/ablations.py,
+"""Ablation sweeps (kimi_jax/ablation/, experiments/ablations.py,
 launch/ablate.py): arm planning and overrides, mean ± std against hand
 computations, skipping finished runs, and a micro ablation end to end."""
 
@@ -14,7 +14,7 @@ import ml_collections
 import pytest
 
 from kimi_jax import ablation as ab
-from kimi_jax.config import ConfigError, load_config
+from kimi_jax.infra.config import ConfigError, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ABLATIONS = os.path.join(ROOT, "experiments", "ablations.py")
@@ -427,7 +427,7 @@ def test_a_sweep_directory_refuses_a_different_ablation(tmp_path):
 
 
 def _rows(workdir, stage):
-  from kimi_jax.metrics import read_jsonl
+  from kimi_jax.infra.metrics import read_jsonl
   return [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))
           if r["stage"] == stage]
 
@@ -496,7 +496,7 @@ def test_micro_ablation_end_to_end_resumes_and_matches_unshared_run(tmp_path):
   alone = tmp_path / "alone"
   script = (
       "import sys; from kimi_jax import ablation as ab; "
-      "from kimi_jax.job import train_and_evaluate; "
+      "from kimi_jax.job.run import train_and_evaluate; "
       "a = ab.load_ablation(sys.argv[1], {'base.rl.iterations': 2}); "
       "train_and_evaluate(a.run_config(a.plan(sys.argv[2], 1)[0]), "
       "sys.argv[3])")

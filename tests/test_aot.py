@@ -7,8 +7,9 @@ import os
 import jax
 import pytest
 
-from kimi_jax import aot, plan
-from kimi_jax.config import load_config, to_dataclass
+from kimi_jax.infra import aot
+from kimi_jax.infra.config import load_config, to_dataclass
+from kimi_jax.job import plan
 from kimi_jax.sharding import MeshConfig, Sharder, make_mesh, rules_from_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

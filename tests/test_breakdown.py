@@ -110,8 +110,8 @@ def test_format_table_names_every_group():
 
 def test_run_evaluator_errors_name_the_problem(tmp_path):
   # Only the run's config.json is needed to get this far.
-  from kimi_jax import workdir
-  from kimi_jax.config import ConfigError, load_config
+  from kimi_jax.job import workdir
+  from kimi_jax.infra.config import ConfigError, load_config
   (tmp_path / "config.json").write_text(
       load_config("experiments/tiny.py:micro").to_json_best_effort())
   with pytest.raises(ConfigError, match="'pointer_chase' generates its "

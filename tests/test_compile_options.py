@@ -1,4 +1,5 @@
-"""Backend compiler options of the train steps (kimi_jax/compile_options.py):
+"""Backend compiler options of the train steps
+(kimi_jax/infra/compile_options.py):
 what each backend gets, the fallback for a jaxlib without the option, that
 jit_train_step really compiles with them, and that they leave the step's
 result unchanged up to float rounding."""
@@ -9,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from kimi_jax import compile_options
 from kimi_jax import train_step as ts
+from kimi_jax.infra import compile_options
 from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sharding import (MeshConfig, Sharder, batch_shardings,

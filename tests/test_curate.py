@@ -11,8 +11,11 @@ import json
 import numpy as np
 import pytest
 
-from kimi_jax.data import curate as C
-from kimi_jax.data import dedup, question_format, tagging, warmup
+from kimi_jax.curation import curate as C
+from kimi_jax.curation import dedup
+from kimi_jax.curation import question_format
+from kimi_jax.curation import warmup
+from kimi_jax.data import tagging
 from kimi_jax.data.records import DataError
 from kimi_jax.rewards.base import RewardResult
 from kimi_jax.rewards.reasoning_gym import ReasoningGymReward, make_records
@@ -810,9 +813,9 @@ def test_train_prompts_repeating_held_out_problems_are_dropped(tmp_path):
 
 @pytest.mark.parametrize("variant", ["", ":cpu_test"])
 def test_the_data_tools_config_types_every_section(variant):
-  from kimi_jax.config import ConfigError, load_config, to_dataclass
-  from kimi_jax.data import tools_config
-  from kimi_jax.data.gym_problems import GymConfig
+  from kimi_jax.infra.config import ConfigError, load_config, to_dataclass
+  from kimi_jax.curation import config as tools_config
+  from kimi_jax.curation.gym_problems import GymConfig
   config = load_config("experiments/data/gym_curate.py" + variant)
   cfg = tools_config.curate_config(config)
   assert (cfg.pass_samples, cfg.hack_guesses) == (10, 8)  # report 2.1
@@ -830,7 +833,7 @@ def test_the_data_tools_config_types_every_section(variant):
 
 
 def test_answer_shift_shares_and_warning_by_hand():
-  from kimi_jax.data import answer_shift as S
+  from kimi_jax.curation import answer_shift as S
   # Tag "count": 16 of 20 input answers are "1", none kept; "2" goes from
   # 4/20 to 4/4. Tag "sum": 10 input rows, below min_rows: not judged.
   before = ([("count", "1")] * 16 + [("count", " 2 ")] * 4 +
@@ -851,7 +854,7 @@ def test_answer_shift_shares_and_warning_by_hand():
 
 
 def test_answer_shift_keep_ratio_is_the_boundary():
-  from kimi_jax.data import answer_shift as S
+  from kimi_jax.curation import answer_shift as S
   before = [("t", "a")] * 50 + [("t", "b")] * 50  # "a": 0.5 of the input
   # Kept share of "a" 0.125 = 0.25 * 0.5: on the boundary, not flagged;
   # 0.1 is below it.

@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import pytest
 
-from kimi_jax.data import curate as C
+from kimi_jax.curation import curate as C
 from kimi_jax.data import pointer_chase
 from kimi_jax.rewards.base import RewardResult
 from tests.hf_dirs import make_answering_qwen2_dir
@@ -41,7 +41,7 @@ class MentionsC1:
 
 
 def test_pass_rates_equal_the_evaluators_pass_at_1(tmp_path):
-  from kimi_jax.data.policy import SamplerPolicy
+  from kimi_jax.curation.policy import SamplerPolicy
   from kimi_jax.data.tasks import Task
   from kimi_jax.rl.evaluation import Evaluator
   from tests.tiny_sampler import tiny_micro_sampler
@@ -167,7 +167,7 @@ def test_gym_demo_through_the_launchers(tmp_path):
   assert why["val_copy"].startswith("held_out_")
   steps = {s["name"]: s for s in report["steps"]}
   assert steps["easy_to_hack"]["enabled"] and steps["pass_rate"]["enabled"]
-  from kimi_jax.data.dedup import normalise
+  from kimi_jax.curation.dedup import normalise
   held_questions = {normalise(json.loads(line)["question"])
                     for line in held.read_text().splitlines()}
   for row in kept:
@@ -203,9 +203,9 @@ def test_a_checkpoint_with_known_answers(tmp_path):
   pass rate 0 and survives the no-CoT guesses, those whose answer is 4 or
   7 (8/2 counts as 4) are guessed and dropped, and rejection sampling keeps
   exactly the responses with the right value."""
-  from kimi_jax.config import load_config
-  from kimi_jax.data import policy as policy_lib
-  from kimi_jax.data import warmup
+  from kimi_jax.infra.config import load_config
+  from kimi_jax.curation import policy as policy_lib
+  from kimi_jax.curation import warmup
   from kimi_jax.rewards.registry import make_reward
   hf_dir = make_answering_qwen2_dir(tmp_path / "hf")
   policy = policy_lib.load_policy(config=load_config(

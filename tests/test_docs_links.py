@@ -56,8 +56,12 @@ def anchors(path: str) -> set[str]:
 def test_slug_by_hand():
   assert slug("One job from raw problems: `experiments/gym_tiny.py`") == (
       "one-job-from-raw-problems-experimentsgym_tinypy")
-  assert slug("Balanced (2026-11-24, eighth session) — target not met") == (
-      "balanced-2026-11-24-eighth-session--target-not-met")
+  assert slug("`curation`: curated vs raw RL prompts (2.1)") == (
+      "curation-curated-vs-raw-rl-prompts-21")
+  assert slug("Figures: `:spelling` and `:three_tasks`") == (
+      "figures-spelling-and-three_tasks")
+  assert "curation-curated-vs-raw-rl-prompts-21" in anchors(
+      os.path.join("docs", "ablations.md"))
 
 
 @pytest.mark.parametrize("path", _markdown_files())

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kimi_jax.config import ConfigError, load_config, to_dataclass
-from kimi_jax.experiment import explicit_model_keys, parse_config
+from kimi_jax.infra.config import ConfigError, load_config, to_dataclass
+from kimi_jax.job.experiment import explicit_model_keys, parse_config
 from kimi_jax.long2short import config as l2s_config
 from kimi_jax.long2short import pipeline
 from kimi_jax.model import transformer
@@ -186,7 +186,7 @@ def test_qwen_real_path_defaults(path):
   config = load_config(path)
   sft = to_dataclass(sft_lib.SFTConfig, config.sft, "sft")
   # Report 2.5.2: 2e-5 -> 2e-6, then re-warmed 1e-5 -> 1e-6.
-  lr = ts.learning_rate_schedule(sft_lib.optimizer_config(sft))
+  lr = ts.learning_rate_schedule(sft.optimizer())
   end1 = sft.steps - sft.stage2_steps
   peak2 = end1 + sft.stage2_warmup_steps
   got = jax.jit(jax.vmap(lr))(jax.device_put(np.asarray(

@@ -18,9 +18,9 @@ import pytest
 import torch
 import transformers
 
-from kimi_jax import checkpoint as ckpt_lib
-from kimi_jax.config import load_config
-from kimi_jax.export import ExportError, export_workdir
+from kimi_jax.infra import checkpoint as ckpt_lib
+from kimi_jax.infra.config import load_config
+from kimi_jax.job.export import ExportError, export_workdir
 from kimi_jax.model import hf, transformer
 from kimi_jax.model.tokenizer import load_hf_tokenizer
 from tests.hf_dirs import make_llama_style_dir, make_qwen_style_dir

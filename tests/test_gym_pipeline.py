@@ -1,4 +1,4 @@
-"""The raw-problems-to-RL pipeline (kimi_jax/gym_pipeline.py): its
+"""The raw-problems-to-RL pipeline (kimi_jax/curation/gym_pipeline.py): its
 tokenizer against `transformers`, its worked solutions against
 reasoning-gym's own scorer, and the whole job end to end on the micro
 variant of experiments/gym_tiny.py."""
@@ -15,13 +15,13 @@ import sys
 import pytest
 
 from experiments import gym_tiny
-from kimi_jax import gym_pipeline
-from kimi_jax.config import ConfigError
-from kimi_jax.data import text_tokenizer
-from kimi_jax.data.gym_problems import GymConfig, vanilla_problems
-from kimi_jax.data.gym_solutions import solution, wrong_step
+from kimi_jax.curation import gym_pipeline
+from kimi_jax.curation import text_tokenizer
+from kimi_jax.curation.gym_problems import GymConfig, vanilla_problems
+from kimi_jax.infra.config import ConfigError
 from kimi_jax.model.tokenizer import load_hf_tokenizer
 from kimi_jax.rewards import registry
+from kimi_jax.rewards.gym_solutions import solution, wrong_step
 from kimi_jax.rewards.reasoning_gym import make_records
 from kimi_jax.rl import breakdown
 
@@ -133,7 +133,7 @@ def test_syllogism_is_answered_bare_and_caught_by_the_format_filter():
   """The guessable task of the default's raw pool: its solution is the
   verdict alone (right by reasoning-gym's scorer, a flipped one wrong), no
   steps are checked, and curation's format rule calls it true/false."""
-  from kimi_jax.data import question_format
+  from kimi_jax.curation import question_format
   reward = registry.make_reward("reasoning_gym")
   records = make_records("syllogism", size=20, seed=0, prompt_suffix="")
   assert {r["answer"] for r in records} == {"Yes", "No"}
@@ -192,7 +192,7 @@ def test_config_errors_name_the_key():
   with pytest.raises(ValueError, match="pipeline.cued_fraction"):
     gym_pipeline.check(config)
   # A JSONL task with neither a checkpoint nor a tokenizer of its own.
-  from kimi_jax.experiment import parse_config
+  from kimi_jax.job.experiment import parse_config
   config = gym_pipeline.job_config(gym_tiny.get_config("micro"),
                                    gym_pipeline.Paths("/w"), stage="rl")
   config.task.tokenizer = ""
@@ -239,8 +239,8 @@ def test_default_data_stage_keeps_syllogisms_out_of_the_scored_sets(
   the vocabulary fits the model and a syllogism prompt with the cue fits
   the largest prefill bucket; curation's format rule drops every
   syllogism and no spelling problem."""
-  from kimi_jax.data import curate as curate_lib
-  from kimi_jax.data import tools_config
+  from kimi_jax.curation import curate as curate_lib
+  from kimi_jax.curation import config as tools_config
   config = gym_tiny.get_config()
   config.gym.update(size=40, eval_size=5, val_size=5)
   # Enough syllogisms for their category words to pass the word threshold.
@@ -281,7 +281,7 @@ def test_spelling_variant_data_stage_and_job_configs(tmp_path):
   and both of its training stages parse as main-job configs (the rest of
   the pipeline is the micro run's). Its stages verify as RL does, so the
   pipeline has no mismatch to warn of."""
-  from kimi_jax.experiment import parse_config
+  from kimi_jax.job.experiment import parse_config
   config = gym_tiny.get_config("spelling")
   config.gym.update(size=30, eval_size=5, val_size=5)
   config.pipeline.sft_problems = 40
@@ -512,7 +512,7 @@ def test_validation_problems_are_the_items_after_the_held_out_ones():
   """gym.val_size takes items [size + eval_size, + val_size) of each
   generator; vanilla-SFT problems start after them (and where they always
   did when there is no validation set)."""
-  from kimi_jax.data.gym_problems import GymConfig, validation_set
+  from kimi_jax.curation.gym_problems import GymConfig, validation_set
   options = {"chain_sum": gym_tiny.GYM_OPTIONS["chain_sum"]}
   gym = GymConfig(datasets="chain_sum", size=5, eval_size=3, val_size=4,
                   options_json=json.dumps(options), prompt_suffix="")
@@ -536,7 +536,7 @@ def test_sizes_json_replaces_one_datasets_sizes_and_leaves_the_others():
   """gym.sizes_json: syllogism with 3 train, no held-out or validation
   items and 2 vanilla-SFT problems; chain sums keep the section's sizes and
   exactly the items they have without the override."""
-  from kimi_jax.data.gym_problems import problem_sets, validation_set
+  from kimi_jax.curation.gym_problems import problem_sets, validation_set
   options = json.dumps({"chain_sum": gym_tiny.GYM_OPTIONS["chain_sum"]})
   base = dict(size=4, eval_size=2, val_size=1, options_json=options,
               prompt_suffix="")
@@ -579,8 +579,8 @@ def test_sizes_json_errors_name_the_key(sizes, match):
 def test_where_filter_takes_the_matching_items_in_generator_order():
   """gym.where_json: item k of a set is the k-th generator item whose
   field matches, computed here from the unfiltered generator."""
-  from kimi_jax.data.gym_problems import (GymConfig, problem_sets,
-                                          validation_set)
+  from kimi_jax.curation.gym_problems import (GymConfig, problem_sets,
+                                              validation_set)
   options = {"spell_backward": {"min_word_len": 3, "max_word_len": 7}}
   where = {"spell_backward": {"metadata.word": "^[A-Z]"}}
   gym = GymConfig(datasets="spell_backward", size=6, eval_size=3,
@@ -611,13 +611,13 @@ def test_where_filter_takes_the_matching_items_in_generator_order():
     ({"spell_backward": "^a"}, "object of objects"),
 ])
 def test_where_filter_errors_name_the_key(where, match):
-  from kimi_jax.data.gym_problems import GymConfig
+  from kimi_jax.curation.gym_problems import GymConfig
   with pytest.raises(ValueError, match=match):
     GymConfig(datasets="spell_backward", where_json=json.dumps(where))
 
 
 def test_where_filter_that_matches_nothing_is_an_error():
-  from kimi_jax.data.gym_problems import GymConfig, problem_sets
+  from kimi_jax.curation.gym_problems import GymConfig, problem_sets
   gym = GymConfig(datasets="spell_backward", size=2, eval_size=0,
                   where_json=json.dumps(
                       {"spell_backward": {"metadata.word": "^[0-9]+$"}}))

@@ -13,10 +13,10 @@ import jax
 import numpy as np
 import pytest
 
-from kimi_jax import job as job_lib
 from kimi_jax import train_step as ts
-from kimi_jax.config import ConfigError, load_config
-from kimi_jax.experiment import parse_config
+from kimi_jax.infra.config import ConfigError, load_config
+from kimi_jax.job import run as job_lib
+from kimi_jax.job.experiment import parse_config
 from kimi_jax.rl.evaluation import EvalResult
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kimi_jax import job as job_lib
-from kimi_jax.config import ConfigError, load_config
-from kimi_jax.experiment import parse_config
+from kimi_jax.infra.config import ConfigError, load_config
+from kimi_jax.job import run as job_lib
+from kimi_jax.job.experiment import parse_config
 from kimi_jax.long2short import config as l2s_config
 from kimi_jax.long2short import dpo, merge, pipeline, report, shortest
 from kimi_jax.long2short.samples import Samples
@@ -528,7 +528,7 @@ def compile_cache(tmp_path):
 @pytest.mark.slow
 def test_micro_pipeline_writes_every_method_and_the_figure(tmp_path,
                                                            compile_cache):
-  from kimi_jax.export import export_workdir
+  from kimi_jax.job.export import export_workdir
   config = load_config(EXPERIMENT + ":micro")
   workdir = str(tmp_path / "l2s")
   result = pipeline.run(config, workdir)

@@ -138,11 +138,12 @@ def test_error_in_one_process_stops_all_with_its_message(tmp_path):
 
 @pytest.mark.parametrize("environ,expected", [
     ({}, False),
-    # An offline AOT compile (kimi_jax.aot) and one-host slices name one host.
+    # An offline AOT compile (kimi_jax.infra.aot) and one-host slices name
+    # one host.
     ({"TPU_WORKER_HOSTNAMES": "localhost"}, False),
     ({"TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3"}, True),
     ({"MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.2:8080"}, True),
 ])
 def test_on_tpu_pod_only_for_several_hosts(environ, expected):
-  from kimi_jax.distributed import on_tpu_pod
+  from kimi_jax.infra.distributed import on_tpu_pod
   assert on_tpu_pod(environ) is expected

@@ -13,9 +13,9 @@ import sys
 import jax
 import pytest
 
-from kimi_jax import plan
 from kimi_jax import train_step as ts
-from kimi_jax.config import load_config, to_dataclass
+from kimi_jax.infra.config import load_config, to_dataclass
+from kimi_jax.job import plan
 from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sampler.engine import Engine, EngineConfig

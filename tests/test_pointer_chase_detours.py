@@ -4,9 +4,9 @@ long CoT)."""
 import numpy as np
 import pytest
 
-from kimi_jax.config import ConfigError
 from kimi_jax.data import pointer_chase as pc
 from kimi_jax.data import tasks
+from kimi_jax.infra.config import ConfigError
 
 
 def _style_cfg(style: str, **kw) -> pc.PointerChaseConfig:

@@ -150,7 +150,7 @@ def test_evaluate_reproduces_the_final_evaluation(run, tmp_path):
 def test_export_loads_in_transformers_with_our_logits(run):
   import torch
   import transformers
-  from kimi_jax import workdir as workdir_lib
+  from kimi_jax.job import workdir as workdir_lib
   from kimi_jax.model import transformer
   out = os.path.join(run["workdir"], "hf_export")
   _, cfg = workdir_lib.load_run(run["workdir"])
@@ -187,8 +187,8 @@ def test_export_hf_writes_any_step_of_the_run(run, tmp_path):
   checkpoints and host items): the policy after RL iteration 1."""
   import torch
   import transformers
-  from kimi_jax import job as job_lib
-  from kimi_jax import workdir as workdir_lib
+  from kimi_jax.job import run as job_lib
+  from kimi_jax.job import workdir as workdir_lib
   from kimi_jax.model import hf
   _, cfg = workdir_lib.load_run(run["workdir"])
   step = job_lib.rl_step(cfg, 1)

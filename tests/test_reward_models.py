@@ -22,6 +22,7 @@ from kimi_jax.reward_models import (labelled, serving, store, value_data,
                                     value_model)
 from kimi_jax.reward_models import template as template_lib
 from kimi_jax.reward_models.cot_model import seed_rationale
+from kimi_jax.reward_models.serving import make_model_reward
 from kimi_jax.reward_models.verdict import parse_verdict
 from kimi_jax.rewards.base import RewardResult
 from kimi_jax.rewards.registry import make_reward
@@ -272,26 +273,29 @@ def _tiny_rm(kind: str, sharder: Sharder) -> store.RewardModel:
                            template=template_lib.RMTemplate(max_input_len=48),
                            tokenizer=tok, params=params, max_new_tokens=12)
 @pytest.mark.slow  # compiles a transformer: > 3 s on 2 cores
-def test_registry_returns_the_reward_model_rewards():
+def test_make_model_reward_returns_the_reward_model_rewards():
   sharder = Sharder(make_mesh(MeshConfig()))
   value, cot = _tiny_rm("value", sharder), _tiny_rm("cot", sharder)
   verifier = pointer_chase.PointerChaseReward()
   kw = dict(sharder=sharder, verifier=verifier)
-  assert isinstance(make_reward("rm_value", model=value, **kw),
+  assert isinstance(make_model_reward("rm_value", model=value, **kw),
                     serving.ValueRMReward)
-  assert isinstance(make_reward("rm_cot", model=cot, **kw),
+  assert isinstance(make_model_reward("rm_cot", model=cot, **kw),
                     serving.CotRMReward)
-  both = make_reward("verifier_or_rm_cot", model=cot, **kw)
+  both = make_model_reward("verifier_or_rm_cot", model=cot, **kw)
   assert isinstance(both, serving.VerifierFirst)
   assert isinstance(both.model, serving.CotRMReward)
-  assert isinstance(make_reward("verifier_or_rm_value", model=value,
+  assert isinstance(make_model_reward("verifier_or_rm_value", model=value,
                                 **kw).model, serving.ValueRMReward)
   with pytest.raises(ValueError, match="needs a cot reward model"):
-    make_reward("rm_cot", model=value, **kw)
+    make_model_reward("rm_cot", model=value, **kw)
   with pytest.raises(ValueError, match="needs a reward model"):
-    make_reward("rm_value", **kw)
+    make_model_reward("rm_value", **kw)
   with pytest.raises(TypeError):
-    make_reward("rm_value", model=value, temperature=2.0, **kw)
+    make_model_reward("rm_value", model=value, temperature=2.0, **kw)
+  # The verifier registry knows the names but builds no model.
+  with pytest.raises(ValueError, match="make_model_reward"):
+    make_reward("rm_value")
 
 
 class _CountingModel:
@@ -339,10 +343,10 @@ def test_cot_reward_counts_missing_verdicts_and_times_calls():
   """An untrained model writes no verdict: every response scores incorrect
   and is counted missing; the calls are counted and timed."""
   sharder = Sharder(make_mesh(MeshConfig()))
-  reward = make_reward("rm_cot", model=_tiny_rm("cot", sharder),
-                       sharder=sharder, max_slots=8,
-                       verifier=pointer_chase.PointerChaseReward(),
-                       audit=True)
+  reward = make_model_reward("rm_cot", model=_tiny_rm("cot", sharder),
+                             sharder=sharder, max_slots=8,
+                             verifier=pointer_chase.PointerChaseReward(),
+                             audit=True)
   record = {"id": "pc", "prompt": "37 c1 =", "answer": "55"}
   out = reward.batch([record] * 3, ["> 55", "> 12", "c0 55 ; > 55"])
   assert [r.correct for r in out] == [False] * 3
@@ -359,7 +363,7 @@ def test_cot_reward_counts_missing_verdicts_and_times_calls():
 
 
 def _micro(**overrides):
-  from kimi_jax.config import load_config
+  from kimi_jax.infra.config import load_config
   return load_config(os.path.join(ROOT, "experiments", "tiny.py:micro"),
                      overrides)
 
@@ -368,8 +372,8 @@ def _micro(**overrides):
 def test_reward_model_weights_are_frozen_during_rl(tmp_path):
   """An RL iteration that trains the policy on a value reward model's
   verdicts leaves the reward model's params bit for bit unchanged."""
-  from kimi_jax import job as job_lib
-  from kimi_jax.experiment import parse_config
+  from kimi_jax.job import run as job_lib
+  from kimi_jax.job.experiment import parse_config
   cfg = parse_config(_micro(), jax.device_count())
   sharder = Sharder(make_mesh(cfg.mesh), cfg.rules)
   policy = transformer.init_sharded(cfg.model, 0, sharder)
@@ -452,7 +456,7 @@ def test_value_model_export_loads_in_transformers(tmp_path):
 def test_rm_tiny_micro_study_end_to_end(tmp_path, monkeypatch, capsys):
   """experiments/rm_tiny.py:micro: warm start, both reward models trained
   and measured, one RL iteration per arm, the comparison written."""
-  from kimi_jax.config import load_config
+  from kimi_jax.infra.config import load_config
   from kimi_jax.reward_models import study
   config = load_config(os.path.join(ROOT, "experiments",
                                     "rm_tiny.py:micro"))
@@ -478,8 +482,8 @@ def test_rm_tiny_micro_study_end_to_end(tmp_path, monkeypatch, capsys):
 
   # A rerun of train_rm reads both finished models back and judges alike;
   # a changed rm_value section trains the value model again, not the CoT.
-  from kimi_jax.job import rl_step
-  from kimi_jax.experiment import parse_config
+  from kimi_jax.job.run import rl_step
+  from kimi_jax.job.experiment import parse_config
   from kimi_jax.reward_models import train as train_lib
   step = rl_step(parse_config(study.job_config(config)), 0)
   rerun = lambda cfg: train_lib.train_reward_models(

@@ -79,7 +79,7 @@ def test_every_name_is_listed():
 
 
 def test_check_steps_scores_a_right_answer_after_a_wrong_step_zero():
-  from kimi_jax.data.gym_solutions import solution
+  from kimi_jax.rewards.gym_solutions import solution
   from kimi_jax.rewards.base import RewardResult
   from tests.worked import good_and_lucky
   record = make_records("chain_sum", size=3, seed=0, min_terms=3,

@@ -12,12 +12,12 @@ import time
 import numpy as np
 import pytest
 
-from kimi_jax.config import ConfigError, load_config
-from kimi_jax import checkpoint as ckpt_lib
-from kimi_jax import job as job_lib
-from kimi_jax import metrics as metrics_lib
-from kimi_jax.experiment import parse_config
 from kimi_jax import train_step as ts
+from kimi_jax.infra import checkpoint as ckpt_lib
+from kimi_jax.infra import metrics as metrics_lib
+from kimi_jax.infra.config import ConfigError, load_config
+from kimi_jax.job import run as job_lib
+from kimi_jax.job.experiment import parse_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "experiments", "tiny.py")
@@ -163,7 +163,7 @@ def test_micro_run_writes_metrics_plots_and_bounded_compiles(tmp_path):
   # Handoff used the trainer's arrays directly.
   assert all(r["handoff_shared"] == 1.0 for r in rl_rows)
   # launch/sample.py's logic prints completions from this run's workdir.
-  from kimi_jax import workdir
+  from kimi_jax.job import workdir
   results, lines = workdir.complete(str(tmp_path), ["37 c2 =", "05 c1 ="],
                                     num_samples=2, greedy=True)
   assert [r.id for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]

@@ -13,6 +13,8 @@ from jax.sharding import PartitionSpec as P
 from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sampler import handoff
+from kimi_jax.sampler.build import make_engine, make_sampler
+from kimi_jax.sampler.config import SamplerConfig
 from kimi_jax.sampler.driver import (SampleRequest, SampleRequestError,
                                      SampleResult, Sampler, admission_groups,
                                      continuation)
@@ -624,3 +626,15 @@ def test_batched_admission_on_mesh_matches_each_request_alone(
                                 for r in reqs])
   assert mesh_engine.compile_count()["free_slots"] == 1
 
+
+
+def test_make_sampler_takes_every_setting_of_the_section():
+  section = SamplerConfig(max_slots=4, cache_len=48, prefill_buckets=(8, 32),
+                          repeat_ngram=2, repeat_times=5, steps_per_call=7)
+  built = make_sampler(CFG, section)
+  assert built.engine.engine_cfg == ENGINE_CFG
+  assert built.repeat == RepeatConfig(ngram=2, times=5)
+  assert built.steps_per_call == 7
+  assert make_engine(CFG, section).engine_cfg == ENGINE_CFG
+  # The section's default is the shipped experiments' decode steps.
+  assert SamplerConfig(max_slots=4, cache_len=48).steps_per_call == 16

@@ -1,20 +1,24 @@
-"""Seeded sampler outputs, bit for bit, against a stored record.
+"""Seeded sampler outputs against a stored record.
 
-tests/data/sampler_golden.npz holds the tokens and log-probs that the sampler
-produced for the cases below at commit a35c836, before the decode-speed work
-of issue 14. Every case must still give exactly those tokens and exactly
-those float32 log-probs (compared as bits): a faster decode step, sampling
-fast path or driver loop may not change a single rounding.
+tests/data/sampler_golden.npz holds the tokens, finish reasons and
+log-probs that the sampler gives for the cases below. A faster decode step,
+sampling fast path or driver loop must give exactly the same tokens and
+finish reasons, and the same log-probs to within LOGP_TOL.
 
-XLA's CPU kernels round differently from one jaxlib release to the next, so
-each jaxlib version the project is tested on has its own bits
-(`NAME/{tokens,logp,ends}@VERSION`, added from a tree whose other versions
-pass). Under a version with no bits on record, all but 1 in 32 sequences
-must match the original record exactly in tokens and finish reason, and
-their log-probs to a few float32 ulps.
+Float32 roundings are not portable: XLA compiles its CPU kernels for the
+host's vector instructions, and they change between jaxlib releases, so the
+log-probs move in their last bits from one CPU or jaxlib to the next. They
+are compared with a tolerance, never as bits. Tokens move too, but only
+when a seeded draw lands within a rounding of a CDF boundary: rare enough
+to ignore between CPUs, not between jaxlib releases. So each jaxlib
+version the project is tested on has its own set,
+`NAME/{tokens,logp,ends}@VERSION`, where every sequence must match. Under
+a version with no set of its own, the reference set `NAME/{tokens,logp,ends}`
+is used, and 1 sequence in 32 (at least 1) may go its own way.
 
-To add the installed jaxlib's bits, or to re-record on purpose (only when a
-change is *meant* to alter outputs; pass --all):
+To add the installed jaxlib's set, or to re-record on purpose (only when a
+change is *meant* to alter outputs; --all rewrites the reference set and
+drops the other versions' sets):
   PYTHONPATH=. python tests/test_sampler_golden.py [--all]
 """
 
@@ -46,7 +50,7 @@ GOLDEN = os.path.join(os.path.dirname(__file__), "data", "sampler_golden.npz")
 SMALL = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4,
                     n_kv_heads=2, head_dim=16, mlp_dim=256, qkv_bias=True,
                     max_seq_len=48)
-# The fixed config of issue 14 (Qwen2-shaped, 3.94 M parameters).
+# The Qwen2-shaped config of benchmarks/sampler.py (3.94 M parameters).
 PEER = ModelConfig(vocab_size=512, d_model=256, n_layers=4, n_heads=8,
                    n_kv_heads=2, head_dim=32, mlp_dim=1024,
                    tie_embeddings=True, qkv_bias=True, max_seq_len=160)
@@ -79,7 +83,8 @@ def small_requests():
 
 
 def peer_requests(n, new_tokens, seed=1):
-  """The issue-14 sampler workload: 32 random prompt tokens, temperature 1."""
+  """benchmarks/sampler.py's workload: 32 random prompt tokens,
+  temperature 1."""
   rng = np.random.default_rng(seed)
   return [SampleRequest(i, tuple(int(t) for t in rng.integers(0, 512, 32)),
                         max_new_tokens=new_tokens,
@@ -132,73 +137,80 @@ def run_case(name):
 
 
 CASES = ("small_steps1", "small_steps3", "small_mesh", "small_repeat",
-              "peer_b8")
+         "peer_b8")
 SLOW_CASES = ("peer_b64",)
 
 
-def _bits(x):
-  return np.asarray(x, np.float32).view(np.uint32)
+FIELDS = ("tokens", "logp", "ends")
+
+# Log-probs here lie in [-7.3, -0.38]. Between an AMD EPYC and an Intel
+# Xeon (same jaxlib) they differ by up to 4.5e-6 (30 float32 ulps on SMALL,
+# 2 on PEER), between jaxlib releases by up to 7.6e-6. The error of
+# log p = logit - logsumexp is set by the logits' size, not by |log p|,
+# hence atol; rtol widens it for the larger |log p|. That is ample for
+# both, yet a relative change of 1e-4 fails anywhere here, and one bf16
+# rounding is up to 4e-3 relative.
+LOGP_TOL = dict(rtol=1e-5, atol=1e-5)
+
+REGENERATE = ("did you mean to change the sampler's outputs? If so, "
+              "re-record: PYTHONPATH=. python tests/test_sampler_golden.py "
+              "--all")
 
 
-def _versioned(name, field):
-  return f"{name}/{field}@{jaxlib.__version__}"
+def _key(name, field, version=None):
+  return f"{name}/{field}" + (f"@{version}" if version else "")
 
 
-def _split(tokens, ends):
-  """Per-sequence slices of the concatenated arrays."""
+def _sequences(tokens, logp, ends):
+  """(tokens, log-probs, [length, finish code]) of each sequence."""
   edges = np.concatenate([[0], np.cumsum(ends[:, 0])])
-  return [slice(a, b) for a, b in zip(edges[:-1], edges[1:])]
+  return [(tokens[a:b], logp[a:b], end)
+          for a, b, end in zip(edges[:-1], edges[1:], ends)]
 
 
 def _check(name):
-  want = np.load(GOLDEN)
-  tokens, logp, ends = run_case(name)
-  if _versioned(name, "logp") in want:  # this jaxlib's own roundings
-    np.testing.assert_array_equal(ends, want[_versioned(name, "ends")])
-    np.testing.assert_array_equal(tokens, want[_versioned(name, "tokens")])
-    np.testing.assert_array_equal(_bits(logp),
-                                  _bits(want[_versioned(name, "logp")]))
-    return
-  # Another XLA rounds logits differently in the last bits: a temperature-1
-  # draw that lands within that much of a CDF boundary picks the neighbour,
-  # and that sequence goes its own way. Every other sequence is the same.
-  want_tokens, want_logp, want_ends = (want[f"{name}/{k}"]
-                                       for k in ("tokens", "logp", "ends"))
-  assert len(ends) == len(want_ends)
-  same = [(a, b) for i, (a, b) in enumerate(zip(
-              _split(tokens, ends), _split(want_tokens, want_ends)))
-          if np.array_equal(ends[i], want_ends[i]) and
-          np.array_equal(tokens[a], want_tokens[b])]
-  assert len(same) >= len(ends) - max(1, len(ends) // 32), (
-      f"{len(ends) - len(same)} of {len(ends)} sequences differ")
-  for a, b in same:
-    np.testing.assert_allclose(logp[a], want_logp[b], rtol=1e-5, atol=1e-6)
+  record = np.load(GOLDEN)
+  version = jaxlib.__version__
+  if _key(name, "logp", version) not in record:
+    version = None  # the reference set; see the module docstring
+  got = _sequences(*run_case(name))
+  want = _sequences(*(record[_key(name, f, version)] for f in FIELDS))
+  assert len(got) == len(want), f"{len(got)} sequences, want {len(want)}"
+  same = [i for i, (g, w) in enumerate(zip(got, want))
+          if np.array_equal(g[2], w[2]) and np.array_equal(g[0], w[0])]
+  allowed = 0 if version else max(1, len(want) // 32)
+  differ = sorted(set(range(len(want))) - set(same))
+  assert len(differ) <= allowed, (
+      f"sequences {differ} of {len(want)} differ in tokens or finish "
+      f"reason from {_key(name, '*', version)}: {REGENERATE}")
+  np.testing.assert_allclose(
+      np.concatenate([got[i][1] for i in same]),
+      np.concatenate([want[i][1] for i in same]), **LOGP_TOL,
+      err_msg=f"log-probs of {_key(name, 'logp', version)}: {REGENERATE}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CASES)
-def test_seeded_outputs_are_bit_identical_to_the_record(name):
+def test_seeded_outputs_match_the_record(name):
   _check(name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SLOW_CASES)
-def test_seeded_peer_workload_is_bit_identical_to_the_record(name):
+def test_seeded_peer_workload_matches_the_record(name):
   _check(name)
 
 
 def write_record(path=GOLDEN, everything=False):
-  """Adds this jaxlib's log-prob bits; with `everything`, starts over."""
+  """Adds (or replaces) this jaxlib's set; with `everything`, starts over
+  and makes it the reference set too."""
   out = {} if everything else dict(np.load(path))
   for name in CASES + SLOW_CASES:
-    tokens, logp, ends = run_case(name)
-    if everything:
-      out.update({f"{name}/tokens": tokens, f"{name}/logp": logp,
-                  f"{name}/ends": ends})
-    out.update({_versioned(name, "tokens"): tokens,
-                _versioned(name, "logp"): logp,
-                _versioned(name, "ends"): ends})
-    print(name, len(tokens), "tokens", np.bincount(ends[:, 1], minlength=4))
+    arrays = dict(zip(FIELDS, run_case(name)))
+    for version in ([None] if everything else []) + [jaxlib.__version__]:
+      out.update({_key(name, f, version): a for f, a in arrays.items()})
+    print(name, len(arrays["tokens"]), "tokens",
+          np.bincount(arrays["ends"][:, 1], minlength=4))
   np.savez_compressed(path, **out)
 
 

@@ -12,9 +12,9 @@ import jax
 import numpy as np
 import pytest
 
-from kimi_jax import job as job_lib
-from kimi_jax.config import ConfigError, load_config
-from kimi_jax.experiment import parse_config
+from kimi_jax.infra.config import ConfigError, load_config
+from kimi_jax.job import run as job_lib
+from kimi_jax.job.experiment import parse_config
 from tests.hf_dirs import make_answering_qwen2_dir
 from tests.test_job_sft import _Stop, _fresh, _host_params, _restored
 

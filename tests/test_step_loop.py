@@ -133,7 +133,7 @@ def test_checkpoint_restore_is_quiet_and_finds_the_optimizer_state(
   "could not be restored" warnings, and a step saved without an optimizer
   state restores none."""
   import logging
-  from kimi_jax.checkpoint import Checkpointer
+  from kimi_jax.infra.checkpoint import Checkpointer
   device = jax.devices()[0]
   put = lambda x: jax.device_put(np.asarray(x, np.float32), device)
   params, opt = {"w": put([1.0, 2.0])}, {"m": put([3.0, 4.0])}

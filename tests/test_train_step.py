@@ -167,3 +167,38 @@ def test_optimizer_steps_follow_the_schedule():
 def test_bad_schedules_are_named(kwargs, pattern):
   with pytest.raises(ValueError, match=pattern):
     ts.OptimizerConfig(learning_rate=1e-3, **kwargs)
+
+
+def test_every_training_section_builds_its_optimizer_from_its_own_keys():
+  from kimi_jax.long2short.config import DPOConfig
+  from kimi_jax.reward_models.cot_train import CotTrainConfig
+  from kimi_jax.reward_models.value_train import ValueTrainConfig
+  from kimi_jax.rl.config import RLConfig
+  from kimi_jax.sft import SFTConfig
+  adamw = dict(learning_rate=0.5, warmup_steps=3, weight_decay=0.25,
+               grad_clip=2.0)
+  sections = [
+      SFTConfig(steps=10, batch_size=2, seq_len=8, **adamw),
+      RLConfig(iterations=1, prompts_per_iteration=2, samples_per_prompt=2,
+               minibatch_prompts=2, **adamw),
+      DPOConfig(**adamw), ValueTrainConfig(**adamw), CotTrainConfig(**adamw)]
+  for section in sections:
+    opt = section.optimizer()
+    assert {k: getattr(opt, k) for k in adamw} == adamw, section
+    assert (opt.decay, opt.b1, opt.b2) == ("constant", 0.9, 0.95)
+  # Each section keeps its own defaults for the keys it does not set.
+  assert RLConfig(iterations=1, prompts_per_iteration=2,
+                  samples_per_prompt=2,
+                  minibatch_prompts=2).optimizer().learning_rate == 1e-6
+  assert ValueTrainConfig().optimizer().warmup_steps == 10
+
+
+def test_sft_schedule_splits_its_steps_between_the_stages():
+  from kimi_jax.sft import SFTConfig
+  opt = SFTConfig(steps=100, batch_size=2, seq_len=8, learning_rate=1e-3,
+                  warmup_steps=10, decay="cosine", final_learning_rate=1e-4,
+                  stage2_steps=20, stage2_warmup_steps=5,
+                  stage2_learning_rate=5e-4).optimizer()
+  assert (opt.decay_steps, opt.stage2_warmup_steps,
+          opt.stage2_decay_steps) == (70, 5, 15)
+  assert opt.stage2_learning_rate == 5e-4

@@ -1,4 +1,4 @@
-"""Vision input (issue 20, first part): the SigLIP tower against
+"""Vision input (image understanding): the SigLIP tower against
 transformers' SiglipVisionModel, its pieces against direct computations,
 the projector's pixel shuffle, the placeholder merge and its host-side
 checker, HF import / export, and sharded init on the 8 fake CPU devices.

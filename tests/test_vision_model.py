@@ -13,9 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-from kimi_jax import job as job_lib
-from kimi_jax.config import ConfigError, load_config
-from kimi_jax.experiment import parse_config
+from kimi_jax.infra.config import ConfigError, load_config
+from kimi_jax.job import run as job_lib
+from kimi_jax.job.experiment import parse_config
 from kimi_jax.model import logprobs, transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sampler import handoff
@@ -222,8 +222,8 @@ def test_vision_tiny_micro_runs_end_to_end(tmp_path):
   assert sft and np.isfinite(sft[-1]["loss"])
   # The export writes the language model and, beside it, the tower as a
   # SigLIP vision model with the trained weights.
-  from kimi_jax import export
-  from kimi_jax import workdir as workdir_lib
+  from kimi_jax.job import export
+  from kimi_jax.job import workdir as workdir_lib
   from kimi_jax.vision import hf as vision_hf
   out = tmp_path / "hf"
   result = export.export_workdir(str(tmp_path), str(out))
@@ -275,7 +275,7 @@ def test_image_problems_read_the_picture_out_and_drill_every_picture():
 
 
 def test_eval_plots_get_a_pass_at_1_line_per_task(tmp_path):
-  from kimi_jax import metrics
+  from kimi_jax.infra import metrics
   rows = [{"stage": "eval", "step": 0, "pass_at_1": 0.3,
            "pass_at_1_by_task": {"image": 0.25, "text": 0.375}},
           {"stage": "rl", "step": 1, "loss": 0.5},
@@ -296,7 +296,8 @@ def test_a_jsonl_image_set_loads_with_pixels_and_placeholder_runs(tmp_path):
   # vision model's jsonl task: each record has its pixels, and its prompt's
   # <image> marker becomes a run of tokens_per_image placeholders, the text
   # around it tokenized as before.
-  from kimi_jax.data import tasks, text_tokenizer, visual_tasks
+  from kimi_jax.data import tasks, visual_tasks
+  from kimi_jax.curation import text_tokenizer
   from kimi_jax.model.tokenizer import load_hf_tokenizer
   from kimi_jax.vision.config import VisionConfig
   records = visual_tasks.make_visual_records(

@@ -1,4 +1,4 @@
-"""One job per workdir (kimi_jax/workdir_lock.py): a second job stops at
+"""One job per workdir (kimi_jax/infra/workdir_lock.py): a second job stops at
 once with the holder named, a killed holder frees the workdir, and a stage
 nested in another on the same workdir goes on."""
 
@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from kimi_jax import workdir_lock
+from kimi_jax.infra import workdir_lock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HOLDER = """
 import sys, time
-from kimi_jax import workdir_lock
+from kimi_jax.infra import workdir_lock
 with workdir_lock.held(sys.argv[1]):
   print("held", flush=True)
   time.sleep(600)

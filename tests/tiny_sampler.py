@@ -13,19 +13,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def tiny_micro_sampler(params_seed: int) -> tuple[Any, Any, Any]:
   """(parsed config, Sampler, params placed for it)."""
-  from kimi_jax.config import load_config
-  from kimi_jax.experiment import parse_config
+  from kimi_jax.infra.config import load_config
+  from kimi_jax.job.experiment import parse_config
   from kimi_jax.model import transformer
-  from kimi_jax.sampler.driver import Sampler
-  from kimi_jax.sampler.engine import Engine
+  from kimi_jax.sampler.build import make_sampler
   from kimi_jax.sharding import Sharder, make_mesh
   cfg = parse_config(load_config(os.path.join(ROOT, "experiments",
                                               "tiny.py:micro")),
                      jax.device_count())
   sharder = Sharder(make_mesh(cfg.mesh), cfg.rules)
-  engine = Engine(cfg.model, cfg.sampler.engine, sharder=sharder)
-  sampler = Sampler(engine, repeat=cfg.sampler.repeat,
-                    steps_per_call=cfg.sampler.steps_per_call)
+  sampler = make_sampler(cfg.model, cfg.sampler, sharder)
   return cfg, sampler, transformer.init_sharded(cfg.model, params_seed,
                                                 sharder)
 

@@ -2,7 +2,7 @@
 result off by one and its answer still right (what a step-checking reward
 scores 0 while calling the answer correct)."""
 
-from kimi_jax.data.gym_solutions import solution
+from kimi_jax.rewards.gym_solutions import solution
 
 
 def good_and_lucky(record) -> tuple[str, str]:

@@ -26,10 +26,10 @@ import json
 
 import ml_collections
 
-from kimi_jax.config import from_dataclass
-from kimi_jax.data.curate import CurateConfig
-from kimi_jax.data.gym_problems import GymConfig
-from kimi_jax.data.warmup import WarmupConfig
+from kimi_jax.curation.curate import CurateConfig
+from kimi_jax.curation.gym_problems import GymConfig
+from kimi_jax.curation.warmup import WarmupConfig
+from kimi_jax.infra.config import from_dataclass
 
 GYM_OPTIONS = {
     "chain_sum": {"min_terms": 2, "max_terms": 3, "min_digits": 1,
@@ -50,9 +50,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       workdir="", step=-1, experiment="", init_from_hf=""))
   c.reward = ml_collections.ConfigDict(dict(name="reasoning_gym",
                                             options={}))
-  # Steps and their settings: kimi_jax/data/curate.py (report 2.1).
+  # Steps and their settings: kimi_jax/curation/curate.py (report 2.1).
   c.curate = from_dataclass(CurateConfig)
-  # Rejection sampling: kimi_jax/data/warmup.py (report 2.2).
+  # Rejection sampling: kimi_jax/curation/warmup.py (report 2.2).
   c.warmup = from_dataclass(WarmupConfig, max_new_tokens=384)
   if arg == "cpu_test":
     c.gym.size = 12

@@ -25,6 +25,8 @@ from typing import Any, Callable, Sequence
 
 from absl import flags
 
+from kimi_jax.infra import console
+
 # Flags defined by define_flags belong to the launcher that calls it.
 flags.disclaim_key_flags()
 
@@ -96,7 +98,6 @@ def map_chunks(items: Sequence[Any], item_keys: Sequence[Any],
   if chunk < 1:
     raise ValueError(f"map_chunks: chunk must be >= 1, got {chunk}")
   import jax
-  from kimi_jax import console
   if journal is None or jax.process_count() > 1:
     # Several processes sample together (SPMD): one that skipped a chunk
     # its peers recompute would hang them, so multi-process runs compute

@@ -32,7 +32,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from kimi_jax.data.word_tokenizer import WordTokenizer
-from kimi_jax.rewards.base import RewardResult
+from kimi_jax.rewards.pointer_chase import (  # noqa: F401 - the task's verifier
+    PointerChaseReward, final_answer)
 from kimi_jax.rewards.registry import MODEL_REWARDS
 
 N_STATES = 100
@@ -243,28 +244,6 @@ def minimal_length(record: Mapping[str, Any]) -> int:
 
 def direct_solution(record: Mapping[str, Any]) -> str:
   return f"> {record['answer']}"
-
-
-def final_answer(response: str) -> str | None:
-  """The word after the last '>', if it is a state."""
-  words = response.split()
-  if ">" not in words:
-    return None
-  i = len(words) - 1 - words[::-1].index(">")
-  tail = words[i + 1:]
-  return tail[0] if len(tail) == 1 and len(tail[0]) == 2 and tail[
-      0].isdigit() else None
-
-
-@dataclasses.dataclass(frozen=True)
-class PointerChaseReward:
-  """Exact verifier: 1 if the final answer equals f^n(x), else 0."""
-
-  def __call__(self, record: Mapping[str, Any], response: str) -> RewardResult:
-    answer = final_answer(response)
-    correct = answer is not None and answer == record["answer"]
-    return RewardResult(score=1.0 if correct else 0.0, correct=correct,
-                        info={"extracted": answer})
 
 
 def warmstart_texts(records: list[dict], cfg: PointerChaseConfig, seed: int,

@@ -22,8 +22,12 @@ import dataclasses
 import os
 from typing import Any, Callable, Mapping, Sequence, Union
 
-from kimi_jax.data import pointer_chase
+from kimi_jax.data import image_records, images, pointer_chase, visual_tasks
 from kimi_jax.data import records as records_lib
+from kimi_jax.infra.config import ConfigError, to_dataclass
+from kimi_jax.model.tokenizer import (chat_messages, load_hf_tokenizer,
+                                      prompt_ids)
+from kimi_jax.rewards import registry
 from kimi_jax.rewards.base import RewardFn
 
 
@@ -87,7 +91,6 @@ def hf_tokenizer(init_from_hf: str, task: TaskConfig) -> Any:
   path = tokenizer_dir(init_from_hf, task)
   if not path:
     return None
-  from kimi_jax.model.tokenizer import load_hf_tokenizer
   return load_hf_tokenizer(path)
 
 
@@ -100,7 +103,6 @@ def prompt_images(record: Mapping[str, Any]) -> Any:
 
 def task_config(section: Mapping[str, Any]) -> TaskConfig:
   """The typed `config.task` section of the task it names."""
-  from kimi_jax.config import ConfigError, to_dataclass
   name = section.get("name")
   if name not in _TASK_CONFIGS:
     raise ConfigError(f"config.task.name: unknown task {name!r} "
@@ -138,7 +140,6 @@ def _with_image(record: dict, cfg: pointer_chase.PointerChaseConfig,
                 seed: int) -> dict:
   """A pointer-chase record, shown as an image when the task says so: its
   pixels, and "image" / "text" as its first tag (pass@1 by task)."""
-  from kimi_jax.data import images, visual_tasks
   if not cfg.image_fraction:
     return record
   if not pointer_chase.shown_as_image(record["x"], record["n"], seed,
@@ -181,7 +182,6 @@ def verifier_name(reward: str) -> str:
   """The rule-based reward of a jsonl task: `task.reward` itself, or
   math-verify under a reward model (report 2.3.5 trains them for math; the
   job swaps the model in for RL, held-out evaluation keeps math-verify)."""
-  from kimi_jax.rewards import registry
   return "math" if registry.needs_model(reward) else reward
 
 
@@ -202,7 +202,6 @@ def image_prompt_ids(tokenizer: Any, prompt: str, vision: Any, *,
   tokenized on their own and joined by runs of `vision.tokens_per_image`
   placeholders (`vision.image_token_id`), as a vision-language processor
   inserts its image tokens. A prompt without markers gives `prompt_ids`."""
-  from kimi_jax.model.tokenizer import chat_messages, prompt_ids
   if marker not in prompt:
     return prompt_ids(tokenizer, prompt, chat_template=chat_template,
                       system_prompt=system_prompt)
@@ -223,8 +222,6 @@ def image_prompt_ids(tokenizer: Any, prompt: str, vision: Any, *,
 
 def _jsonl_task(cfg: JsonlTaskConfig, tokenizer: Any,
                 max_prompt_tokens: int | None, vision: Any = None) -> Task:
-  from kimi_jax.model.tokenizer import prompt_ids
-  from kimi_jax.rewards import registry
   if tokenizer is None:
     raise ValueError("task.name='jsonl' needs a tokenizer: set init_from_hf "
                      "to a local Hugging Face directory, or task.tokenizer "
@@ -253,7 +250,6 @@ def _jsonl_task(cfg: JsonlTaskConfig, tokenizer: Any,
   else:
     # Rows may carry images (`task.images_field`, `<image>` markers in the
     # prompt), checked against the tower at load time; records get pixels.
-    from kimi_jax.data import image_records
     image_fields = image_records.ImageFields(
         text=fields, images=cfg.images_field, max_images=vision.max_images,
         image_size=vision.image_size, channels=vision.channels)

@@ -21,8 +21,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from kimi_jax.config import ConfigError, to_dataclass
 from kimi_jax.data.pointer_chase import PointerChaseConfig
+from kimi_jax.infra.config import ConfigError, to_dataclass
+from kimi_jax.train_step import AdamWConfig
 
 SECTIONS = ("l2s", "merge", "shortest_rs", "dpo", "l2s_rl")
 SHORT_STYLES = ("direct", "plain")
@@ -111,16 +112,16 @@ class ShortestRSConfig:
     _non_negative("shortest_rs", self, "warmup_steps")
 
 
-@dataclasses.dataclass(frozen=True)
-class DPOConfig:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DPOConfig(AdamWConfig):
   """`config.dpo`: pairs (shortest correct, an incorrect response or a
   correct one longer than `long_ratio` x the shortest correct), DPO loss
   with temperature `beta` against the frozen long model, `steps` AdamW
   steps over packed batches of at most `batch_pairs` pairs. `nll_weight`:
   weight of a per-token negative log-likelihood term on the chosen
-  responses (0: the report's plain DPO). A checkpoint every
-  `checkpoint_every` steps lets a rerun continue after a kill
-  (`kimi_jax.step_loop`)."""
+  responses (0: the report's plain DPO). The optimizer's settings are
+  AdamWConfig's. A checkpoint every `checkpoint_every` steps lets a rerun
+  continue after a kill (`kimi_jax.step_loop`)."""
 
   beta: float = 0.1
   long_ratio: float = 1.5
@@ -128,7 +129,6 @@ class DPOConfig:
   batch_pairs: int = 32
   learning_rate: float = 3e-4
   warmup_steps: int = 10
-  grad_clip: float = 1.0
   nll_weight: float = 0.0
   checkpoint_every: int = 100
 
@@ -197,7 +197,8 @@ def l2s_config(config: Mapping[str, Any]) -> Long2ShortConfig:
 
 def check_long2short(l2s: Long2ShortConfig, job) -> None:
   """Rules relating the long2short sections to the main job's typed config
-  (`kimi_jax.experiment.ExperimentConfig`); raises ConfigError naming keys."""
+  (`kimi_jax.job.experiment.ExperimentConfig`); raises ConfigError naming
+  keys."""
   if not isinstance(job.task, PointerChaseConfig):
     raise ConfigError("config.task.name: long2short's short-only baseline "
                       "changes config.task.cot_style, which only the "

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kimi_jax import workdir as workdir_lib
+from kimi_jax.job import workdir as workdir_lib
 from kimi_jax.long2short import policies
 from kimi_jax.model import hf
 from kimi_jax.sharding import Sharder, make_mesh

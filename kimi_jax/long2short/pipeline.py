@@ -37,24 +37,22 @@ import jax
 import ml_collections
 import numpy as np
 
-from kimi_jax import job as job_lib
-from kimi_jax import metrics as metrics_lib
 from kimi_jax import sft as sft_lib
 from kimi_jax import train_step as ts
-from kimi_jax import workdir_lock
-from kimi_jax.console import log
 from kimi_jax.data import pointer_chase
 from kimi_jax.data.journal import CHUNK_PROMPTS, Journal, ModelCalls, digest
-from kimi_jax.experiment import ExperimentConfig, parse_config
-from kimi_jax.files import write_json
-from kimi_jax.long2short import dpo, merge, policies, report, samples
-from kimi_jax.long2short import shortest
-from kimi_jax.long2short.config import (SECTIONS, Long2ShortConfig,
+from kimi_jax.infra import workdir_lock
+from kimi_jax.infra import metrics as metrics_lib
+from kimi_jax.infra.console import log
+from kimi_jax.infra.files import write_json
+from kimi_jax.job import run as job_lib
+from kimi_jax.job.experiment import ExperimentConfig, parse_config
+from kimi_jax.long2short import dpo, merge, policies, report, samples, shortest
+from kimi_jax.long2short.config import (Long2ShortConfig, SECTIONS,
                                         check_long2short, l2s_config)
 from kimi_jax.rl.evaluation import Evaluator
 from kimi_jax.sharding import batch_shardings, place_batch
-from kimi_jax.step_loop import (Cycle, Progress, discard, run_steps,
-                                settings_key)
+from kimi_jax.step_loop import Cycle, Progress, discard, run_steps, settings_key
 
 RESULT_FILE = "long2short.json"
 FIGURE_FILE = "token_efficiency.png"
@@ -178,7 +176,7 @@ def _fresh(path: str) -> None:
 def sft_policy(config: ml_collections.ConfigDict, workdir: str,
                params: Any, texts: list[tuple[str, str]] | None = None
                ) -> Any:
-  """The job's SFT stage (`kimi_jax.job.run_sft`) on `config`'s sft
+  """The job's SFT stage (`kimi_jax.job.run.run_sft`) on `config`'s sft
   section from `params`, on the task's warm-start pairs or on `texts`
   (prompt, response) pairs; writes the result as a policy in `workdir`."""
   cfg = parse_config(config, jax.device_count())
@@ -337,9 +335,7 @@ def train_dpo(ctx: Context, ref_params: Any, params: Any,
   cfg, d = ctx.cfg, ctx.l2s.dpo
   sharder = ctx.tools.sharder
   shards = sharder.axis_size(sharder.rule_map["batch"])
-  optimizer = ts.make_optimizer(ts.OptimizerConfig(
-      learning_rate=d.learning_rate, warmup_steps=d.warmup_steps,
-      grad_clip=d.grad_clip))
+  optimizer = ts.make_optimizer(d.optimizer())
   shardings = ts.state_shardings(optimizer, cfg.model, sharder)
   order = np.random.default_rng([cfg.seed, 23]).permutation(len(pairs))
   batches = dpo.make_batches(

@@ -1,7 +1,7 @@
 """A policy as a run workdir: what long2short's stages write and read.
 
 Every model of a long2short experiment lives in a directory laid out as a
-main-job run (`kimi_jax/workdir.py`): `config.json` (the experiment it
+main-job run (`kimi_jax/job/workdir.py`): `config.json` (the experiment it
 belongs to), the task's tokenizer and `checkpoints/` with the policy as the
 last step of a finished RL stage (`{"stage": "rl", "loop": ...}` at
 iteration `rl.iterations`, no optimizer state). So `launch/export_hf.py`
@@ -19,12 +19,12 @@ from typing import Any
 import jax
 import ml_collections
 
-from kimi_jax import checkpoint as ckpt_lib
-from kimi_jax import workdir as workdir_lib
 from kimi_jax.data.tasks import make_task
-from kimi_jax.experiment import ExperimentConfig, parse_config
-from kimi_jax.files import write_json
-from kimi_jax.job import rl_step
+from kimi_jax.infra import checkpoint as ckpt_lib
+from kimi_jax.infra.files import write_json
+from kimi_jax.job import workdir as workdir_lib
+from kimi_jax.job.experiment import ExperimentConfig, parse_config
+from kimi_jax.job.run import rl_step
 from kimi_jax.model import transformer
 from kimi_jax.rl.loop_state import LoopState
 

@@ -1,5 +1,5 @@
 """Token efficiency (report 3.4, Figure 7): every model's held-out pass@1
-against the tokens it spends, the targets of issue 17, and the figure.
+against the tokens it spends, the token-efficiency targets, and the figure.
 
 A method's record: pass@1 over k draws per problem, greedy accuracy, mean
 and p90 response tokens of the draws, the mean over problems of the
@@ -14,7 +14,7 @@ import numpy as np
 
 from kimi_jax.rl.evaluation import EvalSamples
 
-# Issue 17, point 6.
+# The token-efficiency targets (docs/long2short.md, "Evaluation").
 LONG_OVER_SHORTEST = 1.5  # long mean tokens >= 1.5 x the shortest solution
 PASS_GAP = 0.02  # best method's pass@1 within this of the long model's
 TOKEN_RATIO = 0.6  # ... with at most this share of its mean tokens
@@ -51,7 +51,8 @@ def method_record(samples: EvalSamples, records: Sequence[Mapping[str, Any]]
 
 def targets(methods: Mapping[str, Mapping[str, Any]],
             shortest_solution_tokens: float) -> dict[str, Any]:
-  """Point 6 of issue 17 on `methods` (records keyed by method name)."""
+  """The token-efficiency targets on `methods` (records keyed by method
+  name)."""
   long, short = methods["long"], methods["short_baseline"]
   candidates = {k: v for k, v in methods.items()
                 if k not in ("long", "short_baseline")}

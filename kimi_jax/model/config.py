@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from kimi_jax.dtypes import NamedDtypes, check_dtypes
+from kimi_jax.infra.dtypes import NamedDtypes, check_dtypes
+from kimi_jax.vision import projector, tower
 from kimi_jax.vision.config import VisionConfig
 
 
@@ -120,7 +121,6 @@ def count_vision_params(cfg: ModelConfig) -> int:
   if cfg.vision is None:
     return 0
   import math
-  from kimi_jax.vision import projector, tower
   shapes = (list(_leaves(tower.param_shapes(cfg.vision))) +
             list(_leaves(projector.param_shapes(cfg.vision))))
   return sum(math.prod(s) for s in shapes)

@@ -30,6 +30,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from kimi_jax.model.config import ModelConfig
+from kimi_jax.model.tokenizer import load_hf_tokenizer
 from kimi_jax.model.transformer import Params, param_shapes, param_shardings
 from kimi_jax.sharding import Sharder
 
@@ -672,7 +673,6 @@ def _generation_config(source_dir: str) -> dict[str, Any]:
   if os.path.isfile(path):
     with open(path) as f:
       return json.load(f)
-  from kimi_jax.model.tokenizer import load_hf_tokenizer
   tok = load_hf_tokenizer(source_dir)
   out = {"eos_token_id": list(tok.stop_ids), "pad_token_id": tok.pad_id}
   if tok.bos_id is not None:

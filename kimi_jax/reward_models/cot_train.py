@@ -29,29 +29,27 @@ import jax
 import numpy as np
 
 from kimi_jax import train_step as ts
-from kimi_jax.console import log
 from kimi_jax.data.journal import digest
 from kimi_jax.data.sft_data import PackedBatches, pair_example
-from kimi_jax.files import write_json
-from kimi_jax.model import transformer
+from kimi_jax.infra.console import log
+from kimi_jax.infra.files import write_json
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.reward_models import cot_model
 from kimi_jax.reward_models.labelled import LabelledExample
-from kimi_jax.sampler import handoff
 from kimi_jax.sharding import Sharder, batch_shardings
 from kimi_jax.step_loop import Progress, final_loss, peek, run_steps
 from kimi_jax.token_rows import TokenRows
 
 
-@dataclasses.dataclass(frozen=True)
-class CotTrainConfig:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CotTrainConfig(ts.AdamWConfig):
   """`config.rm_cot`. Seed stage: `seed_examples` (0: none, balanced
   between labels) for `seed_steps`; rejection sampling: `rejection_samples`
   draws per example at `rejection_temperature`; final SFT: `steps` on
   batches of `batch_rows` packed rows of `row_len`; judging writes at most
   `max_new_tokens` on `max_slots` sampler slots. Each SFT saves a
   checkpoint every `checkpoint_every` steps, which a rerun continues from
-  (`kimi_jax.step_loop`)."""
+  (`kimi_jax.step_loop`). The optimizer's settings are AdamWConfig's."""
 
   seed_examples: int = 128
   seed_steps: int = 100
@@ -62,8 +60,6 @@ class CotTrainConfig:
   row_len: int = 64
   learning_rate: float = 1e-3
   warmup_steps: int = 10
-  weight_decay: float = 0.0
-  grad_clip: float = 1.0
   max_new_tokens: int = 16
   max_slots: int = 64
   checkpoint_every: int = 100
@@ -83,11 +79,6 @@ class CotTrainConfig:
     if self.steps < 1 or self.max_new_tokens < 2 or self.max_slots < 1:
       raise ValueError("config.rm_cot: steps >= 1, max_new_tokens >= 2 and "
                        "max_slots >= 1 are required")
-
-  def optimizer(self) -> ts.OptimizerConfig:
-    return ts.OptimizerConfig(
-        learning_rate=self.learning_rate, warmup_steps=self.warmup_steps,
-        weight_decay=self.weight_decay, grad_clip=self.grad_clip)
 
 
 def sft(params: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
@@ -268,15 +259,3 @@ def train(base_params: Any, examples: Sequence[LabelledExample], *,
   report["sft"] = {"examples": len(pairs), "final_loss": final_loss(hist)}
   return params, report
 
-
-def place_for_judging(params: Any, judge_sampler) -> Any:
-  """Params in the judging engine's shardings (the same arrays when they
-  already agree)."""
-  placed, _ = handoff.place_params(params, judge_sampler.engine.param_shardings)
-  return placed
-
-
-def copy_params(params: Any, cfg: ModelConfig, sharder: Sharder) -> Any:
-  return jax.jit(lambda p: jax.tree.map(lambda x: x + 0, p),
-                 out_shardings=transformer.param_shardings(cfg, sharder))(
-                     params)

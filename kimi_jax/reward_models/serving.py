@@ -33,16 +33,15 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from kimi_jax.reward_models import store, value_train
-from kimi_jax.reward_models.config import RewardModelConfig, rm_kind
 from kimi_jax.reward_models import template as template_lib
+from kimi_jax.reward_models.config import RewardModelConfig, rm_kind
 from kimi_jax.reward_models.cot_model import CotJudge, JudgeItem
 from kimi_jax.reward_models.labelled import extracted_answer
 from kimi_jax.rewards.base import RewardFn, RewardResult, score_all
 from kimi_jax.rewards.math_policy import UNPARSED
 from kimi_jax.sampler import handoff
-from kimi_jax.sampler.driver import Sampler
-from kimi_jax.sampler.engine import Engine, EngineConfig
-from kimi_jax.sampler.repetition import RepeatConfig
+from kimi_jax.sampler.build import make_sampler
+from kimi_jax.sampler.config import SamplerConfig
 from kimi_jax.sharding import Sharder
 
 class _Stats:
@@ -210,10 +209,10 @@ def make_judge(rm: store.RewardModel, sharder: Sharder, *, max_slots: int,
   """A CotJudge with its own engine on `sharder`'s mesh; the params placed
   in the engine's shardings once."""
   cache = rm.template.max_input_len + rm.max_new_tokens
-  engine = Engine(rm.model, EngineConfig(max_slots=max_slots,
-                                         cache_len=cache), sharder=sharder)
-  sampler = Sampler(engine, repeat=RepeatConfig(), steps_per_call=steps_per_call)
-  params, _ = handoff.place_params(rm.params, engine.param_shardings)
+  judge_cfg = SamplerConfig(max_slots=max_slots, cache_len=cache,
+                            steps_per_call=steps_per_call)
+  sampler = make_sampler(rm.model, judge_cfg, sharder)
+  params, _ = handoff.place_params(rm.params, sampler.engine.param_shardings)
   return CotJudge(sampler=sampler, sampler_params=params,
                   tokenizer=rm.tokenizer, template=rm.template,
                   max_new_tokens=rm.max_new_tokens)
@@ -261,6 +260,26 @@ def build_reward(reward: str, cfg: RewardModelConfig, sharder: Sharder,
   rm = store.load(cfg.path, sharder)
   check_tokenizer(rm.tokenizer, task_tokenizer, cfg.path)
   return reward_from_model(reward, rm, sharder, cfg, verifier)
+
+
+def make_model_reward(name: str, *, sharder: Sharder, verifier: RewardFn,
+                      model: store.RewardModel | None = None, path: str = "",
+                      **options: Any) -> RewardFn:
+  """The reward-model reward `name` (one of registry.MODEL_REWARDS) by name,
+  like `rewards.registry.make_reward` for the verifiers: from a loaded
+  `model` or a reward-model directory `path` (launch/train_rm.py); other
+  options are RewardModelConfig's fields.
+
+    make_model_reward("rm_value", sharder=s, verifier=v, path="/runs/rm/value")
+    make_model_reward("verifier_or_rm_cot", sharder=s, verifier=v, model=cot)
+  """
+  cfg = RewardModelConfig(path=path, **options)
+  if model is None:
+    if not path:
+      raise ValueError(f"reward {name!r} needs a reward model: pass path "
+                       f"(a directory from launch/train_rm.py) or model")
+    model = store.load(path, sharder)
+  return reward_from_model(name, model, sharder, cfg, verifier)
 
 
 def check_tokenizer(rm_tok: Any, task_tok: Any, where: str) -> None:

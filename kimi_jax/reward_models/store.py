@@ -34,10 +34,11 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from kimi_jax import checkpoint as ckpt_lib
 from kimi_jax.data.word_tokenizer import WordTokenizer
+from kimi_jax.infra import checkpoint as ckpt_lib
 from kimi_jax.model import hf, transformer
 from kimi_jax.model.config import ModelConfig
+from kimi_jax.model.tokenizer import load_hf_tokenizer
 from kimi_jax.reward_models import value_model
 from kimi_jax.reward_models.template import RMTemplate
 from kimi_jax.sharding import Sharder
@@ -134,7 +135,6 @@ def load(path: str, sharder: Sharder, *, params_shardings: Any = None
   if spec["type"] == "words":
     tokenizer = WordTokenizer.load(path)
   else:
-    from kimi_jax.model.tokenizer import load_hf_tokenizer
     tokenizer = load_hf_tokenizer(spec["path"])
   return RewardModel(kind=meta["kind"], model=model,
                      template=RMTemplate(**meta["template"]),

@@ -25,10 +25,10 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from kimi_jax import job as job_lib
-from kimi_jax import workdir_lock
-from kimi_jax.console import log
-from kimi_jax.experiment import parse_config
+from kimi_jax.infra import workdir_lock
+from kimi_jax.infra.console import log
+from kimi_jax.job import run as job_lib
+from kimi_jax.job.experiment import parse_config
 from kimi_jax.reward_models import train as train_lib
 from kimi_jax.reward_models.config import rm_kind
 

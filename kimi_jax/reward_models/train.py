@@ -38,24 +38,26 @@ import jax
 import ml_collections
 import numpy as np
 
-from kimi_jax import workdir as workdir_lib
-from kimi_jax import workdir_lock
-from kimi_jax.config import ConfigError, to_dataclass
-from kimi_jax.console import log
 from kimi_jax.data import tasks as tasks_lib
 from kimi_jax.data.journal import CHUNK_PROMPTS, Journal, ModelCalls, digest
-from kimi_jax.experiment import ExperimentConfig, parse_config
-from kimi_jax.files import write_json
-from kimi_jax.model import transformer
+from kimi_jax.infra import workdir_lock
+from kimi_jax.infra.config import ConfigError, to_dataclass
+from kimi_jax.infra.console import log
+from kimi_jax.infra.files import write_json
+from kimi_jax.job import workdir as workdir_lib
+from kimi_jax.job.experiment import ExperimentConfig, parse_config
+from kimi_jax.model import hf, transformer
+from kimi_jax.model.tokenizer import load_hf_tokenizer
 from kimi_jax.reward_models import (cot_model, cot_train, labelled, store,
                                     value_model, value_train)
 from kimi_jax.reward_models import template as template_lib
 from kimi_jax.reward_models.agreement import agreement
 from kimi_jax.reward_models.value_data import Scored, pairs
 from kimi_jax.rewards.base import score_all
+from kimi_jax.rewards.registry import make_reward
 from kimi_jax.sampler import handoff
+from kimi_jax.sampler.build import make_sampler
 from kimi_jax.sampler.driver import Sampler
-from kimi_jax.sampler.engine import Engine, EngineConfig
 from kimi_jax.sharding import Sharder, make_mesh
 from kimi_jax.step_loop import Progress, discard, final_loss, settings_key
 
@@ -172,7 +174,6 @@ def policy_params(cfg: ExperimentConfig, sharder: Sharder,
                                               shardings, policy_step)
     return params, f"{policy_workdir} step {step}"
   if cfg.init_from_hf:
-    from kimi_jax.model import hf
     _, params = hf.load_hf_checkpoint(cfg.init_from_hf, sharder=sharder,
                                       param_dtype=cfg.model.param_dtype)
     return params, cfg.init_from_hf
@@ -201,7 +202,6 @@ class Trainer:
     self.sharder = Sharder(make_mesh(cfg.mesh), cfg.rules)
     hf_tok = None
     if cfg.init_from_hf:
-      from kimi_jax.model.tokenizer import load_hf_tokenizer
       hf_tok = load_hf_tokenizer(cfg.init_from_hf)
     self.task = tasks_lib.make_task(cfg.task, cfg.seed, hf_tok)
     self.template = setup.data.template
@@ -222,10 +222,9 @@ class Trainer:
   def labelled_data(self) -> tuple[list[labelled.LabelledExample],
                                    list[labelled.LabelledExample]]:
     cfg, d = self.setup.experiment, self.setup.data
-    engine = Engine(cfg.model, cfg.sampler.engine, sharder=self.sharder)
-    sampler = Sampler(engine, repeat=cfg.sampler.repeat,
-                      steps_per_call=cfg.sampler.steps_per_call)
-    params, _ = handoff.place_params(self.params, engine.param_shardings)
+    sampler = make_sampler(cfg.model, cfg.sampler, self.sharder)
+    params, _ = handoff.place_params(self.params,
+                                     sampler.engine.param_shardings)
     settings = dataclasses.replace(cfg.sampler.sampling,
                                    temperature=d.temperature)
     out = []
@@ -307,13 +306,13 @@ class Trainer:
   def judge_for(self, params: Any) -> cot_model.CotJudge:
     cfg, cc = self.setup.experiment, self.setup.cot
     if self._judge_sampler is None:
-      engine = Engine(cfg.model, EngineConfig(
-          max_slots=cc.max_slots,
-          cache_len=self.template.max_input_len + cc.max_new_tokens),
-                      sharder=self.sharder)
-      self._judge_sampler = Sampler(
-          engine, repeat=cfg.sampler.repeat,
-          steps_per_call=cfg.sampler.steps_per_call)
+      # The policy sampler's repeat detector and steps per call on a
+      # cache sized for verdicts, with its default prefill buckets.
+      judge_cfg = dataclasses.replace(
+          cfg.sampler, max_slots=cc.max_slots,
+          cache_len=self.template.max_input_len + cc.max_new_tokens,
+          prefill_buckets=(), prefill_batch_buckets=())
+      self._judge_sampler = make_sampler(cfg.model, judge_cfg, self.sharder)
     placed, _ = handoff.place_params(
         params, self._judge_sampler.engine.param_shardings)
     return cot_model.CotJudge(sampler=self._judge_sampler,
@@ -362,7 +361,6 @@ def _hand_set(path: str) -> list[labelled.LabelledExample]:
 def verifier_vs_hand(path: str, verifier_name: str) -> dict[str, Any]:
   """A registry reward (math-verify) against a hand-labelled set: agreement
   and every disagreement."""
-  from kimi_jax.rewards.registry import make_reward
   hand = _hand_set(path)
   records = [{"id": e.id, "prompt": e.question, "answer": e.reference}
              for e in hand]

@@ -58,10 +58,6 @@ class ValueBatch:
   pair_RxT: np.ndarray
 
 
-def head_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-  return {"w_D": (cfg.d_model,)}
-
-
 def init_params(model_params: Any, cfg: ModelConfig) -> dict[str, Any]:
   """A value model on a copy of `model_params` (a reward model never shares
   arrays with a policy whose train state is donated) with a zero head, so
@@ -100,13 +96,6 @@ def score_logits(params: dict[str, Any], tokens_RxT: jax.Array,
   logits = jnp.einsum("btd,d->bt", h, params["head"]["w_D"].astype(h.dtype),
                       preferred_element_type=jnp.float32)
   return constrain(sharder, logits, ("batch", "act_length"))
-
-
-def last_token_mask(segment_ids_RxT: np.ndarray) -> np.ndarray:
-  """1.0 at the last position of every segment (host side)."""
-  seg = np.asarray(segment_ids_RxT)
-  after = np.concatenate([seg[:, 1:], np.zeros_like(seg[:, :1])], axis=1)
-  return ((seg != 0) & (after != seg)).astype(np.float32)
 
 
 def bce_loss(params: dict[str, Any], batch: ValueBatch, *, cfg: ModelConfig,

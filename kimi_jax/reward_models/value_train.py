@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from kimi_jax import train_step as ts
-from kimi_jax.console import log
+from kimi_jax.infra.console import log
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.reward_models import value_model
 from kimi_jax.reward_models.value_data import (Scored, Unit, ValueBatches,
@@ -27,8 +27,8 @@ from kimi_jax.sharding import Sharder, batch_shardings, place_batch
 from kimi_jax.step_loop import Progress, peek, run_steps
 
 
-@dataclasses.dataclass(frozen=True)
-class ValueTrainConfig:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ValueTrainConfig(ts.AdamWConfig):
   """`config.rm_value`: loss "bce" or "bradley_terry"; batches of
   `batch_rows` packed rows of `row_len` tokens; AdamW with warm-up; a
   checkpoint every `checkpoint_every` steps, which a rerun continues from
@@ -40,8 +40,6 @@ class ValueTrainConfig:
   row_len: int = 64
   learning_rate: float = 1e-3
   warmup_steps: int = 10
-  weight_decay: float = 0.0
-  grad_clip: float = 1.0
   checkpoint_every: int = 100
 
   def __post_init__(self):
@@ -53,11 +51,6 @@ class ValueTrainConfig:
     if self.steps < 1 or self.batch_rows < 1 or self.row_len < 2:
       raise ValueError("config.rm_value: steps, batch_rows >= 1 and "
                        "row_len >= 2 are required")
-
-  def optimizer(self) -> ts.OptimizerConfig:
-    return ts.OptimizerConfig(
-        learning_rate=self.learning_rate, warmup_steps=self.warmup_steps,
-        weight_decay=self.weight_decay, grad_clip=self.grad_clip)
 
 
 def state_shardings(optimizer, cfg: ModelConfig, sharder: Sharder

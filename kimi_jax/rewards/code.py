@@ -48,6 +48,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 from kimi_jax.rewards import harness
 from kimi_jax.rewards.base import RewardResult
+from kimi_jax.sandbox import ExecRequest, Sandbox, SandboxLimits
 
 LANGUAGES = ("python", "cpp", "javascript")
 SOURCE_FILE = {"python": "solution.py", "cpp": "solution.cpp",
@@ -134,7 +135,6 @@ def humaneval_record(problem: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _sandbox_types() -> tuple[Any, Any]:
-  from kimi_jax.sandbox import ExecRequest, SandboxLimits
   return ExecRequest, SandboxLimits
 
 
@@ -311,7 +311,6 @@ class CodeReward:
   def executor(self) -> Executor:
     with self._lock:
       if self._executor is None:
-        from kimi_jax.sandbox import Sandbox
         self._executor = Sandbox(max_workers=os.cpu_count() or 1)
       return self._executor
 

@@ -29,8 +29,8 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
-from kimi_jax.data.gym_solutions import wrong_step
 from kimi_jax.rewards.base import RewardResult
+from kimi_jax.rewards.gym_solutions import wrong_step
 
 DEFAULT_PROMPT_SUFFIX = ("\n\nThink step by step, then give only the final "
                          "answer between <answer> and </answer> tags.")
@@ -98,7 +98,7 @@ class ReasoningGymRewardConfig:
   check_steps: a right answer reached through a wrong worked step scores 0
     (process verification against the false positives of answer-only
     checking that report 2.1 warns about; ours). Only datasets whose
-    worked-solution format kimi_jax/data/gym_solutions.py knows are checked,
+    worked-solution format kimi_jax/rewards/gym_solutions.py knows are checked,
     and a response without step lines (a direct answer) is scored on its
     answer. `correct` stays the answer's verdict, so evaluation and
     curation still measure answers; `info["wrong_step"]` says where.

@@ -35,8 +35,9 @@ import random
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kimi_jax.rewards import harness
-from kimi_jax.rewards.code import (LANGUAGES, CodeRewardConfig,
+from kimi_jax.rewards.code import (CodeRewardConfig, LANGUAGES,
                                    normalize_output, run_programs)
+from kimi_jax.sandbox import ExecRequest, SandboxLimits
 
 GENERATOR_DEPS = ("cyaron", "colorful", "xeger")
 
@@ -159,7 +160,6 @@ def generator_seeds(config: TestGenConfig) -> list[int]:
 def run_generator(executor: Any, generator: str, seeds: Sequence[int],
                   config: TestGenConfig) -> list[str | None]:
   """One generated input per seed (None where the generator failed)."""
-  from kimi_jax.sandbox import ExecRequest, SandboxLimits
   limits = SandboxLimits(
       cpu_time_s=config.generator_time_limit_s,
       wall_time_s=2 * config.generator_time_limit_s + 5,

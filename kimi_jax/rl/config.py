@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 
+from kimi_jax.train_step import AdamWConfig
+
 _LOSSES = ("mirror_descent", "rest")
 _BASELINES = ("mean", "soft")
 
 
-@dataclasses.dataclass(frozen=True)
-class RLConfig:
-  """Every field mirrors `config.rl.<field>`; errors name that key."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RLConfig(AdamWConfig):
+  """Every field mirrors `config.rl.<field>`; errors name that key.
+
+  The optimizer's settings are AdamWConfig's. warmup_steps (ours) ramps
+  the learning rate up from 0; the reset starts the ramp over every
+  iteration. Without it, a fresh Adam's first steps move every weight by
+  the full learning rate.
+  """
 
   iterations: int
   prompts_per_iteration: int
@@ -19,14 +27,9 @@ class RLConfig:
   tau: float = 1.0
   baseline: str = "mean"
   learning_rate: float = 1e-6
-  grad_clip: float = 1.0
   minibatch_prompts: int = 8
   epochs: int = 1
   reset_optimizer: bool = True
-  # Learning rate ramped up linearly from 0 over this many optimizer steps
-  # (ours); the reset starts the ramp over every iteration. Without it, a
-  # fresh Adam's first steps move every weight by the full learning rate.
-  warmup_steps: int = 0
   max_response_len: int = 1024
   token_budget: int = 1024
   max_wait_iterations: int = 4

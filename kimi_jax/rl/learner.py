@@ -33,9 +33,9 @@ from kimi_jax.model.config import ModelConfig
 from kimi_jax.rl import batching, trainer
 from kimi_jax.rl.batching import Minibatch
 from kimi_jax.rl.config import RLConfig
-from kimi_jax.token_rows import image_slots
 from kimi_jax.sharding import (Sharder, abstract_arrays, batch_shardings,
                                place_batch)
+from kimi_jax.token_rows import image_slots
 
 _MEAN_KEYS = ("loss", "grad_norm", "update_norm", "param_norm")
 
@@ -49,14 +49,12 @@ class Learner:
 
   def __init__(self, model: ModelConfig, rl: RLConfig, sharder: Sharder, *,
                cache_len: int, compiler_options: dict[str, str] | None = None):
-    # None: the backend's train-step options (kimi_jax.compile_options).
+    # None: the backend's train-step options (kimi_jax.infra.compile_options).
     self.compiler_options = compiler_options
     self.model = model
     self.rl = rl
     self.sharder = sharder
-    self.optimizer = ts.make_optimizer(ts.OptimizerConfig(
-        learning_rate=rl.learning_rate, grad_clip=rl.grad_clip,
-        warmup_steps=rl.warmup_steps))
+    self.optimizer = ts.make_optimizer(rl.optimizer())
     self.shardings = ts.state_shardings(self.optimizer, model, sharder)
     self._reset = ts.make_reset_optimizer(self.optimizer, self.shardings)
     self._seq_logp = jax.jit(functools.partial(trainer.seq_logp, cfg=model,
@@ -103,7 +101,7 @@ class Learner:
   def aot_functions(self) -> dict[str, tuple[Callable, tuple]]:
     """The learner's jitted functions at the config's shapes, with abstract
     sharded arguments, for ahead-of-time compilation (e.g. for a TPU
-    topology, `kimi_jax.aot`): the train step for every length bucket on a
+    topology, `kimi_jax.infra.aot`): the train step for every length bucket on a
     minibatch of the experiment's own rows (the largest row bucket), and the
     reference log-probs at the largest bucket."""
     model, rl = self.model, self.rl

@@ -30,9 +30,9 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from kimi_jax import train_step as ts
-from kimi_jax.console import log, progress
 from kimi_jax.data.tasks import Task, prompt_images
-from kimi_jax.metrics import MetricsWriter
+from kimi_jax.infra.console import log, progress
+from kimi_jax.infra.metrics import MetricsWriter
 from kimi_jax.rewards.base import reward_stats, score_all
 from kimi_jax.rl import batching, length_reward, replay_buffer, rollout
 from kimi_jax.rl.config import RLConfig

@@ -54,7 +54,7 @@ class PromptSamplingConfig:
   # Unseen problems count as never solved: they get the highest priority.
   initial_success: float = 0.0
   # A record field holding a measured pass rate (curation's `pass_rate`,
-  # kimi_jax/data/curate.py) that unseen problems start from instead of
+  # kimi_jax/curation/curate.py) that unseen problems start from instead of
   # initial_success; records without it use initial_success. "" : off.
   initial_success_field: str = ""
 

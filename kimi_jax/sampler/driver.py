@@ -301,14 +301,10 @@ class Sampler:
     never started get None. Without a window every request runs to its end.
     """
     self.validate(requests)
-    if window is not None and window < 1:
-      raise ValueError(f"window must be None or >= 1, got {window}")
-    if min_admit < 1:
-      raise ValueError(f"min_admit must be >= 1, got {min_admit}")
+    _check_window(window, min_admit)
     engine = self.engine
     start = time.perf_counter()
-    n_slots = engine.max_concurrent_decodes
-    slots = _Slots(n_slots, engine.cache_len,
+    slots = _Slots(engine.max_concurrent_decodes, engine.cache_len,
                    max([len(r.stop_tokens) for r in requests] + [1]))
     results: list[SampleResult | None] = [None] * len(requests)
     pending = collections.deque(range(len(requests)))
@@ -321,16 +317,12 @@ class Sampler:
     late: list[_Late] = []
     while True:
       left = None if window is None else window - steps
-      # Admit pending requests into the free slots in batches. A request may
-      # finish on the token its prefill sampled, leaving its slot free for
-      # another round before decoding.
       if left is None or left >= min_admit:
-        while pending and (slots.request < 0).any():
-          state, n_tokens, n_admitted, round_late = self._admit(
-              params, requests, pending, slots, state, results, left)
-          prefill_tokens += n_tokens
-          kept += n_admitted
-          late += round_late
+        state, n_tokens, n_admitted, round_late = self._admit_free_slots(
+            params, requests, pending, slots, state, results, left)
+        prefill_tokens += n_tokens
+        kept += n_admitted
+        late += round_late
       if not (slots.request >= 0).any():
         break  # all done, or the window has no room left for new requests
       # A window's queued requests must start at the step a slot frees up
@@ -338,43 +330,15 @@ class Sampler:
       # request's tokens do not depend on when it starts.
       watch_steps = (window - steps - min_admit if pending and
                      window is not None else 0)
-      rows = self.steps_per_call
-      watch = FinishWatch.off(len(slots.request),
-                              *repetition.device_rule(self.repeat))
-      if watch_steps > 0:
-        if slots.device_sees_every_stop():
-          watch = self._watch(slots, watch_steps)
-        else:  # the device could miss a finish: one step per call
-          rows = 1
-      state, tokens_NxB, logprobs_NxB = engine.generate(
-          decode_params, state, self.steps_per_call,
-          steps_left=np.minimum(slots.steps_left(), rows),
-          stop_tokens=slots.stop, watch=watch)
-      # One host read per call: the decode output and the first tokens of
-      # the rounds admitted before it.
-      tokens_NxB, logprobs_NxB, firsts = jax.device_get(
-          (tokens_NxB, logprobs_NxB, [(x.prefix.token, x.prefix.logprob)
-                                      for x in late]))
-      done_B = np.zeros((n_slots,), bool)
-      for x, (token_N, logprob_N) in zip(late, firsts):
-        done_B[x.slots] = self._first_tokens(x.slots, token_N, logprob_N,
-                                             requests, slots, results)
-      late = []
-      rows = min(rows, int(np.sum(tokens_NxB[:, 0] >= 0)))  # steps it ran
+      state, tokens_NxB, logprobs_NxB, firsts, rows = self._decode_call(
+          decode_params, state, slots, late, watch_steps)
       calls += 1
-      for n in range(rows):
-        live = np.flatnonzero(slots.request >= 0)
-        if not len(live):
-          break
-        steps += 1
-        kept += len(live)
-        codes = slots.append(live, tokens_NxB[n, live], logprobs_NxB[n, live],
-                             self.repeat)
-        for slot, code in zip(live[codes > 0], codes[codes > 0]):
-          i = slots.request[slot]
-          results[i] = slots.result(slot, requests[i], code)
-          slots.request[slot] = -1
-          done_B[slot] = True
+      done_B, n_steps, n_kept = self._harvest(
+          late, firsts, tokens_NxB, logprobs_NxB, rows, requests, slots,
+          results)
+      late = []
+      steps += n_steps
+      kept += n_kept
       if done_B.any():
         state = engine.free_slots(state, done_B)
       if progress and time.perf_counter() - last_report > 5:
@@ -390,13 +354,93 @@ class Sampler:
         requests=admitted, tokens_generated=kept,
         prefill_tokens=prefill_tokens, decode_steps=steps,
         generate_calls=calls,
-        slot_utilisation=decode_kept / max(steps * n_slots, 1),
+        slot_utilisation=decode_kept / max(steps * len(slots.request), 1),
         wall_seconds=wall)
     if progress:
       print(f"sampler: {len(requests)} requests, {kept} tokens in "
             f"{wall:.2f}s ({stats.tokens_per_second:.0f} tok/s)",
             file=sys.stderr)
     return results, stats
+
+  def _admit_free_slots(self, params, requests: Sequence[SampleRequest],
+                        pending: collections.deque, slots: _Slots,
+                        state: DecodeState, results: list,
+                        budget_cap: int | None
+                        ) -> tuple[DecodeState, int, int, list[_Late]]:
+    """Admits pending requests into the free slots, round after round: a
+    request may finish on the token its prefill sampled, leaving its slot
+    free for another round before decoding.
+
+    Returns (state, prefill tokens, requests admitted, late groups).
+    """
+    prefill_tokens = admitted = 0
+    late: list[_Late] = []
+    while pending and (slots.request < 0).any():
+      state, n_tokens, n_admitted, round_late = self._admit(
+          params, requests, pending, slots, state, results, budget_cap)
+      prefill_tokens += n_tokens
+      admitted += n_admitted
+      late += round_late
+    return state, prefill_tokens, admitted, late
+
+  def _decode_call(self, decode_params, state: DecodeState, slots: _Slots,
+                   late: list[_Late], watch_steps: int
+                   ) -> tuple[DecodeState, np.ndarray, np.ndarray, list, int]:
+    """One jitted call of up to `steps_per_call` decode steps, ended at the
+    first finish within `watch_steps` steps when that is positive.
+
+    Returns (state, tokens N x B, log-probs N x B, the `late` groups' first
+    tokens and log-probs, the steps the call ran), all read in one host
+    round trip.
+    """
+    rows = self.steps_per_call
+    watch = FinishWatch.off(len(slots.request),
+                            *repetition.device_rule(self.repeat))
+    if watch_steps > 0:
+      if slots.device_sees_every_stop():
+        watch = self._watch(slots, watch_steps)
+      else:  # the device could miss a finish: one step per call
+        rows = 1
+    state, tokens_NxB, logprobs_NxB = self.engine.generate(
+        decode_params, state, self.steps_per_call,
+        steps_left=np.minimum(slots.steps_left(), rows),
+        stop_tokens=slots.stop, watch=watch)
+    # One host read per call: the decode output and the first tokens of
+    # the rounds admitted before it.
+    tokens_NxB, logprobs_NxB, firsts = jax.device_get(
+        (tokens_NxB, logprobs_NxB, [(x.prefix.token, x.prefix.logprob)
+                                    for x in late]))
+    rows = min(rows, int(np.sum(tokens_NxB[:, 0] >= 0)))  # steps it ran
+    return state, tokens_NxB, logprobs_NxB, firsts, rows
+
+  def _harvest(self, late: list[_Late], firsts: list,
+               tokens_NxB: np.ndarray, logprobs_NxB: np.ndarray, rows: int,
+               requests: Sequence[SampleRequest], slots: _Slots,
+               results: list) -> tuple[np.ndarray, int, int]:
+    """Appends one call's output to the slots (the `late` groups' first
+    tokens, then `rows` decode steps) and finishes the requests it ends.
+
+    Returns (which slots finished, decode steps taken, tokens kept).
+    """
+    done_B = np.zeros((len(slots.request),), bool)
+    for x, (token_N, logprob_N) in zip(late, firsts):
+      done_B[x.slots] = self._first_tokens(x.slots, token_N, logprob_N,
+                                           requests, slots, results)
+    steps = kept = 0
+    for n in range(rows):
+      live = np.flatnonzero(slots.request >= 0)
+      if not len(live):
+        break
+      steps += 1
+      kept += len(live)
+      codes = slots.append(live, tokens_NxB[n, live], logprobs_NxB[n, live],
+                           self.repeat)
+      for slot, code in zip(live[codes > 0], codes[codes > 0]):
+        i = slots.request[slot]
+        results[i] = slots.result(slot, requests[i], code)
+        slots.request[slot] = -1
+        done_B[slot] = True
+    return done_B, steps, kept
 
   def _admit(self, params, requests: Sequence[SampleRequest],
              pending: collections.deque, slots: _Slots,
@@ -482,6 +526,13 @@ class Sampler:
       results[i] = slots.result(slot, requests[i], code)
       slots.request[slot] = -1
     return codes > 0
+
+
+def _check_window(window: int | None, min_admit: int) -> None:
+  if window is not None and window < 1:
+    raise ValueError(f"window must be None or >= 1, got {window}")
+  if min_admit < 1:
+    raise ValueError(f"min_admit must be >= 1, got {min_admit}")
 
 
 def _images_of(group: Sequence[SampleRequest]) -> dict[str, Any]:

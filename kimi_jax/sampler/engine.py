@@ -58,12 +58,13 @@ class FinishWatch(NamedTuple):
   """Ends a `generate` call at the first step where a slot finishes.
 
   While requests wait for a slot inside a rollout window, they must start at
-  the step a slot frees up (their budget is what is left of the window); the
-  driver then used to decode one step per call. With a watch, a call of many
-  steps ends right after the first step (within the first `steps` ones) at
-  which a running slot stops: its stop token, its steps left, or the repeat
-  rule of `repetition.repeating` (checked on device over the tails given
-  here). The host then finds the same finish at the same step.
+  the step a slot frees up (their budget is what is left of the window);
+  without a watch the driver must decode one step per call. With one, a
+  call of many steps ends right after the first step (within the first
+  `steps` ones) at which a running slot stops: its stop token, its steps
+  left, or the repeat rule of `repetition.repeating` (checked on device
+  over the tails given here). The host then finds the same finish at the
+  same step.
 
   steps: finishes after more steps than this do not end the call (no
     request could start then). tail_BxW: the last W = ngram * times tokens
@@ -463,7 +464,7 @@ class Engine:
   def aot_functions(self, n_steps: int, repeat_rule: tuple[int, int] = (0, 0)
                     ) -> dict[str, tuple[Any, tuple]]:
     """The engine's jitted functions at their largest shapes, with abstract
-    sharded arguments, for ahead-of-time compilation (`kimi_jax.aot`): the
+    sharded arguments, for ahead-of-time compilation (`kimi_jax.infra.aot`): the
     batched prefill at the largest length and batch bucket, and `generate`
     of `n_steps` decode steps over every slot of a full cache, with the
     driver's repeat rule (ngram, times; 0, 0 when it has none)."""

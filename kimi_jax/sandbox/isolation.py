@@ -14,7 +14,8 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from kimi_jax.sandbox.types import MAIN_FILE, SandboxLimits, SandboxUnavailableError
+from kimi_jax.sandbox.types import (MAIN_FILE, SandboxLimits,
+                                    SandboxUnavailableError)
 
 INSTALL_HINT = ("run `.ci/install_system_deps.sh` (apt-get install bubblewrap) "
                 "to install it")

@@ -12,7 +12,7 @@ import selectors
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kimi_jax.sandbox.isolation import COMPILED_MARK
 
@@ -162,112 +162,176 @@ def supervise(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...],
   redirect single-digit fds, so the program's stdin travels in pass_fds).
   `compile_wall_s` set means a compile phase comes first and the run deadline
   starts once the driver reports a successful compile."""
+  start = time.monotonic()
+  proc, fds = _spawn(argv, env, pass_fds)
+  pid_fd = os.pidfd_open(proc.pid)
+  compiled = compile_wall_s is None
+  run = _Run(pid=proc.pid, fds=fds, cap=max_output_bytes, wall_s=wall_s,
+             watch=watch, compiled=compiled,
+             deadline=start + (wall_s if compiled else compile_wall_s),
+             next_poll=start + (watch.poll_s if watch else 0.0))
+  sel = selectors.DefaultSelector()
+  try:
+    for fd in fds:
+      os.set_blocking(fd, False)
+      sel.register(fd, selectors.EVENT_READ)
+    sel.register(pid_fd, selectors.EVENT_READ)
+    run.follow(sel, pid_fd)
+    if run.killed is not None:
+      _kill_sandbox(proc.pid)
+    returncode, cpu_s = _reap(proc, pid_fd, timeout_s=10.0)
+    wall = time.monotonic() - start
+    run.drain()
+  finally:
+    sel.close()
+    os.close(pid_fd)
+    for fd in fds:
+      os.close(fd)
+  return run.outcome(returncode, wall_s=wall, cpu_s=cpu_s)
+
+
+def _spawn(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...]
+           ) -> tuple[subprocess.Popen, tuple[int, int, int]]:
+  """Starts argv in a new process group with fresh pipes for its stdout,
+  stderr and the driver's status (its stdin); returns the process and the
+  read ends (stdout, stderr, status)."""
   out_r, out_w = os.pipe()
   err_r, err_w = os.pipe()
   status_r, status_w = os.pipe()
-  bufs = {out_r: bytearray(), err_r: bytearray(), status_r: bytearray()}
-  start = time.monotonic()
   try:
     proc = subprocess.Popen(
         argv, stdin=status_w, stdout=out_w, stderr=err_w, env=env,
         close_fds=True, pass_fds=pass_fds, start_new_session=True)
   except BaseException:
-    for fd in bufs:
+    for fd in (out_r, err_r, status_r):
       os.close(fd)
     raise
   finally:
     os.close(out_w)
     os.close(err_w)
     os.close(status_w)
-  pid_fd = os.pidfd_open(proc.pid)
-  caps = {out_r: max_output_bytes, err_r: max_output_bytes,
-          status_r: max_output_bytes}
-  status_tail = b""
-  compiled = compile_wall_s is None
-  deadline = start + (wall_s if compiled else compile_wall_s)
-  killed = None
-  truncated = False
-  sel = selectors.DefaultSelector()
-  try:
-    for fd in bufs:
-      os.set_blocking(fd, False)
-      sel.register(fd, selectors.EVENT_READ)
-    sel.register(pid_fd, selectors.EVENT_READ)
-    exited = False
-    cpu_limit_hit = False
-    peak = 0
-    next_poll = start + (watch.poll_s if watch else 0.0)
-    while killed is None and (exited is False or len(sel.get_map()) > 0):
+  return proc, (out_r, err_r, status_r)
+
+
+@dataclass
+class _Run:
+  """One supervised sandbox: what its pipes said so far (each kept to `cap`
+  bytes), its phase and deadline, and why it was killed, if it was."""
+  pid: int
+  fds: tuple[int, int, int]  # read ends: stdout, stderr, status
+  cap: int
+  wall_s: float  # the run deadline, from the end of the compile phase
+  watch: Watch | None
+  compiled: bool  # past the compile phase (or there is none)
+  deadline: float
+  next_poll: float
+  bufs: dict[int, bytearray] = field(init=False)
+  status_tail: bytes = b""
+  killed: str | None = None
+  truncated: bool = False
+  exited: bool = False
+  cpu_limit_hit: bool = False
+  peak: int = 0
+
+  def __post_init__(self):
+    self.bufs = {fd: bytearray() for fd in self.fds}
+
+  @property
+  def status_fd(self) -> int:
+    return self.fds[2]
+
+  def follow(self, sel: selectors.BaseSelector, pid_fd: int) -> None:
+    """Reads the pipes until the sandbox has exited and closed them all, a
+    deadline passes or a limit is hit (then `killed` says which)."""
+    while self.killed is None and (not self.exited or len(sel.get_map()) > 0):
       now = time.monotonic()
-      remaining = deadline - now
+      remaining = self.deadline - now
       if remaining <= 0:
-        killed = "timeout" if compiled else "compile_timeout"
-        break
-      if watch is not None and not exited and now >= next_poll:
-        memory, cpu = sample(proc.pid)
-        peak = max(peak, memory)
-        cap = watch.memory_bytes if compiled else watch.compile_memory_bytes
-        if compiled and cpu >= watch.cpu_soft_s - watch.cpu_slack_s:
-          cpu_limit_hit = True
-        if memory > cap:
-          killed = "memory_limit"
-          break
-        next_poll = now + watch.poll_s
-      wait_s = remaining if watch is None or exited else min(
-          remaining, max(next_poll - now, 0.0))
+        self.killed = "timeout" if self.compiled else "compile_timeout"
+        return
+      watching = self.watch is not None and not self.exited
+      if watching and now >= self.next_poll:
+        self._check_usage(now)
+        if self.killed is not None:
+          return
+      wait_s = (min(remaining, max(self.next_poll - now, 0.0)) if watching
+                else remaining)
       for key, _ in sel.select(wait_s):
-        fd = key.fd
-        if fd == pid_fd:
-          exited = True
-          sel.unregister(fd)
+        if key.fd == pid_fd:
+          self.exited = True
+          sel.unregister(pid_fd)
           continue
+        self._read(sel, key.fd)
+        if self.killed is not None:
+          break
+
+  def _check_usage(self, now: float) -> None:
+    """Samples the process tree: notes the peak memory and a process near its
+    CPU limit; kills over the phase's memory cap."""
+    watch = self.watch
+    memory, cpu = sample(self.pid)
+    self.peak = max(self.peak, memory)
+    cap = watch.memory_bytes if self.compiled else watch.compile_memory_bytes
+    if self.compiled and cpu >= watch.cpu_soft_s - watch.cpu_slack_s:
+      self.cpu_limit_hit = True
+    if memory > cap:
+      self.killed = "memory_limit"
+      return
+    self.next_poll = now + watch.poll_s
+
+  def _read(self, sel: selectors.BaseSelector, fd: int) -> None:
+    """Takes one chunk from a readable pipe."""
+    try:
+      chunk = os.read(fd, _CHUNK)
+    except BlockingIOError:
+      return
+    if not chunk:
+      sel.unregister(fd)
+      return
+    if self._keep(fd, chunk):
+      if fd != self.status_fd:  # program output over budget: stop it now
+        self.truncated = True
+        self.killed = "output_limit"
+      return  # compiler chatter beyond the cap is dropped
+    if fd == self.status_fd and not self.compiled:
+      self._look_for_compiled(chunk)
+
+  def _keep(self, fd: int, chunk: bytes) -> bool:
+    """Appends what fits under the cap; True when `chunk` did not fit."""
+    buf = self.bufs[fd]
+    room = self.cap - len(buf)
+    buf += chunk[:max(room, 0)]
+    return len(chunk) > room
+
+  def _look_for_compiled(self, chunk: bytes) -> None:
+    """The driver's compiled mark ends the compile phase: the run deadline
+    starts now."""
+    self.status_tail = (self.status_tail + chunk)[-len(COMPILED_MARK):]
+    if self.status_tail == COMPILED_MARK:
+      self.compiled = True
+      self.deadline = time.monotonic() + self.wall_s
+
+  def drain(self) -> None:
+    """Reads what is left in the pipes (the namespace is gone, so they
+    end)."""
+    for fd, buf in self.bufs.items():
+      while len(buf) <= self.cap:
         try:
           chunk = os.read(fd, _CHUNK)
         except BlockingIOError:
-          continue
-        if not chunk:
-          sel.unregister(fd)
-          continue
-        buf = bufs[fd]
-        room = caps[fd] - len(buf)
-        if len(chunk) > room:
-          buf += chunk[:max(room, 0)]
-          if fd != status_r:  # program output over budget: stop it now
-            truncated = True
-            killed = "output_limit"
-            break
-          continue  # compiler chatter beyond the cap is dropped
-        buf += chunk
-        if fd == status_r and not compiled:
-          status_tail = (status_tail + chunk)[-len(COMPILED_MARK):]
-          if status_tail == COMPILED_MARK:
-            compiled = True
-            deadline = time.monotonic() + wall_s
-    if killed is not None:
-      _kill_sandbox(proc.pid)
-    returncode, cpu_s = _reap(proc, pid_fd, timeout_s=10.0)
-    wall = time.monotonic() - start
-    # Drain what is left in the pipes (the namespace is gone, so they end).
-    for fd, buf in bufs.items():
-      while len(buf) <= caps[fd]:
-        try:
-          chunk = os.read(fd, _CHUNK)
-        except BlockingIOError:
           break
         if not chunk:
           break
-        room = caps[fd] - len(buf)
-        buf += chunk[:room]
-        if len(chunk) > room:
-          if fd != status_r:
-            truncated = True
+        if self._keep(fd, chunk):
+          if fd != self.status_fd:
+            self.truncated = True
           break
-  finally:
-    sel.close()
-    os.close(pid_fd)
-    for fd in bufs:
-      os.close(fd)
-  return RawOutcome(returncode=returncode, stdout=bytes(bufs[out_r]),
-                    stderr=bytes(bufs[err_r]), status=bytes(bufs[status_r]),
-                    killed=killed, truncated=truncated, wall_s=wall, cpu_s=cpu_s,
-                    cpu_limit_hit=cpu_limit_hit, peak_memory_bytes=peak)
+
+  def outcome(self, returncode: int | None, *, wall_s: float, cpu_s: float
+              ) -> RawOutcome:
+    stdout, stderr, status = (bytes(self.bufs[fd]) for fd in self.fds)
+    return RawOutcome(returncode=returncode, stdout=stdout, stderr=stderr,
+                      status=status, killed=self.killed,
+                      truncated=self.truncated, wall_s=wall_s, cpu_s=cpu_s,
+                      cpu_limit_hit=self.cpu_limit_hit,
+                      peak_memory_bytes=self.peak)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from kimi_jax.dtypes import NamedDtypes, check_dtypes
+from kimi_jax.infra.dtypes import NamedDtypes, check_dtypes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,74 @@
+"""The sampler benchmark's Markdown tables, one per part, printed from its
+JSON report."""
+
+from __future__ import annotations
+
+
+def print_peer(report: dict) -> None:
+  print(f"\nsampler, fixed Qwen2-shaped workload ({report['device']}; "
+        f"matmul peak {report['matmul_peak_flops'] / 1e9:.1f} GFLOP/s, "
+        f"ceiling {report['ceiling_tok_s']:.0f} tok/s; "
+        f"{report['workload']['steps_per_call']} steps per call; load "
+        f"{report['loadavg_before'][0]:.2f} -> "
+        f"{report['loadavg_after'][0]:.2f})")
+  print("| batch | tokens/s | ceiling fraction | wall s (median) | runs s |")
+  print("|---|---|---|---|---|")
+  for r in report["rows"]:
+    print(f"| {r['batch']} | {r['tokens_per_s']:.0f} | "
+          f"{r['ceiling_fraction']:.3f} | {r['seconds']:.3f} | "
+          f"{', '.join(f'{x:.3f}' for x in r['runs_s'])} |")
+
+
+def print_table(report: dict) -> None:
+  print(f"\nsampler benchmark ({report['device']}, prompt "
+        f"{report['prompt_len']}, {report['new_tokens']} new tokens, "
+        f"{report['steps_per_call']} steps per call)")
+  print("| config | batch | tokens/s | wall s | compile s | compilations |")
+  print("|---|---|---|---|---|---|")
+  for name, entry in report["configs"].items():
+    for r in entry["throughput"]:
+      print(f"| {name} | {r['batch']} | {r['tokens_per_s']:.0f} | "
+            f"{r['seconds']:.2f} | {r['compile_s']:.1f} | "
+            f"{sum(r['compile_count'].values())} |")
+  print("\n| config | measure | value | detail |")
+  print("|---|---|---|---|")
+  for name, entry in report["configs"].items():
+    c = entry["cached_vs_recompute"]
+    print(f"| {name} | cached_vs_recompute_speedup | "
+          f"{c['cached_vs_recompute_speedup']:.1f}x | batch {c['batch']}: "
+          f"cached {c['cached_s']:.2f}s, recompute {c['recompute_s']:.2f}s, "
+          f"outputs equal: {c['outputs_equal']} |")
+    if "continuous_vs_static" in entry:
+      s = entry["continuous_vs_static"]
+      print(f"| {name} | continuous_vs_static_speedup | "
+            f"{s['continuous_vs_static_speedup']:.1f}x | {s['requests']} "
+            f"requests, {s['slots']} slots: continuous {s['continuous_s']:.2f}s"
+            f" / {s['continuous_steps']} steps, static {s['static_s']:.2f}s / "
+            f"{s['static_steps']} steps, same outputs: {s['same_outputs']} |")
+  print_admission(report, header=False)
+
+
+def print_admission(report: dict, header: bool = True) -> None:
+  if header:
+    print("| config | measure | value | detail |")
+    print("|---|---|---|---|")
+  for name, entry in report["configs"].items():
+    if "admission" not in entry:
+      continue
+    a = entry["admission"]
+    one, batched = a["one_at_a_time"], a["batched"]
+    print(f"| {name} | admission_batched_vs_one_at_a_time | "
+          f"{a['batched_vs_one_at_a_time_speedup']:.1f}x | {a['requests']} "
+          f"requests, {a['slots']} slots: one at a time "
+          f"{one['requests_per_s']:.0f} req/s ({one['ms_per_request']:.2f} "
+          f"ms/req), batched {batched['requests_per_s']:.0f} req/s "
+          f"({batched['ms_per_request']:.3f} ms/req), same first tokens: "
+          f"{a['same_first_tokens']} |")
+
+
+def print_handoff(report: dict) -> None:
+  for name in ("shared", "resharded", "checkpoint"):
+    print(f"| {name} | {report['handoff'][name]['seconds'] * 1e3:.2f} ms |"
+          f" {report['handoff'][name]} |")
+  print(f"params: {report['handoff']['param_bytes'] / 2**20:.1f} MiB, "
+        f"mesh {report['handoff']['mesh']}")
