@@ -193,7 +193,8 @@ def make_sft_data(cfg: SFTConfig, task: Task, task_cfg: TaskConfig,
     hf_example = sft_data.hf_example_fn(
         task.tokenizer, sft_data.SFTTokenizeConfig(
             chat_template=task_cfg.chat_template,
-            system_prompt=task_cfg.system_prompt))
+            system_prompt=task_cfg.system_prompt,
+            thinking=task_cfg.thinking))
   pack = lambda src, fn: PackedBatches(
       src, fn, n_rows=cfg.batch_size, row_len=cfg.seq_len,
       pad_id=task.tokenizer.pad_id, seed=seed, truncate=cfg.truncate,

@@ -215,3 +215,77 @@ def make_unsupported_dir(path) -> str:
       "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
       "vocab_size": 512, "n_embd": 64, "n_layer": 2, "n_head": 4})
   return str(path)
+
+
+# ---------------------------------------------------------------------------
+# Tiny random models of every supported family (the parity tests)
+
+# Window of the tiny Gemma 3: shorter than the test sequences, so sliding
+# layers see fewer keys than full ones in every path.
+TINY_WINDOW = 4
+_SIZES = dict(vocab_size=96, hidden_size=48, num_hidden_layers=3,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              intermediate_size=96, rms_norm_eps=1e-5)
+
+# name -> (transformers config class, causal-LM class, config keys).
+TINY_FAMILIES = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        head_dim=24, rope_parameters={"rope_type": "default",
+                                      "rope_theta": 5000.0},
+        max_position_embeddings=128)),
+    "llama3": ("LlamaConfig", "LlamaForCausalLM", dict(
+        head_dim=24, max_position_embeddings=512,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 5000.0,
+                         "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 64})),
+    "qwen2_yarn": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        max_position_embeddings=128,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                         "factor": 4.0,
+                         "original_max_position_embeddings": 32})),
+    "qwen3_yarn": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        max_position_embeddings=256,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                         "factor": 4.0, "beta_fast": 8.0, "beta_slow": 2.0,
+                         "original_max_position_embeddings": 64})),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        query_pre_attn_scalar=24, sliding_window=TINY_WINDOW,
+        layer_types=["sliding_attention", "full_attention",
+                     "sliding_attention"],
+        max_position_embeddings=128,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 2.0,
+                               "rope_theta": 20000.0},
+            "sliding_attention": {"rope_type": "default",
+                                  "rope_theta": 300.0}})),
+    "gemma3_softcap": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        query_pre_attn_scalar=16, sliding_window=TINY_WINDOW,
+        sliding_window_pattern=3, final_logit_softcapping=3.0,
+        tie_word_embeddings=False, max_position_embeddings=128,
+        rope_parameters={
+            "full_attention": {"rope_type": "default",
+                               "rope_theta": 20000.0},
+            "sliding_attention": {"rope_type": "default",
+                                  "rope_theta": 300.0}})),
+}
+
+
+def tiny_hf_model(name: str, seed: int = 0, **changes):
+  """A random tiny `transformers` model of family `name` (TINY_FAMILIES),
+  float32, eval mode; norms and biases moved off their init so that their
+  placement matters (Gemma norms, scale 1 + weight, around 0)."""
+  import torch
+  import transformers
+  config_cls, model_cls, keys = TINY_FAMILIES[name]
+  config = getattr(transformers, config_cls)(**{**_SIZES, **keys, **changes})
+  torch.manual_seed(seed)
+  model = getattr(transformers, model_cls)(config)
+  zero_centred = name.startswith("gemma")
+  with torch.no_grad():
+    for param_name, p in model.named_parameters():
+      if "norm" in param_name:
+        p.copy_((0.0 if zero_centred else 1.0) + 0.3 * torch.randn_like(p))
+      else:
+        p.normal_(0.0, 0.2)
+  return model.eval()

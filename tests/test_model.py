@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kimi_jax.model import transformer
-from kimi_jax.model.config import ModelConfig
+from kimi_jax.model import attention, transformer
+from kimi_jax.model.config import FULL, SLIDING, ModelConfig
 from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
 
 # Numerics of pure functions on host inputs (see tests/conftest.py).
@@ -20,6 +20,12 @@ pytestmark = pytest.mark.host_inputs
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4,
                   n_kv_heads=2, head_dim=8, mlp_dim=64, rope_theta=10000.0,
                   qkv_bias=True, max_seq_len=64)
+# Gemma-style blocks with sliding layers of window 3 around a full one.
+WINDOWED = dataclasses.replace(
+    CFG, n_layers=3, qkv_bias=False, qk_norm=True, norm_offset=1.0,
+    post_norms=True, mlp_activation="gelu_tanh", embed_scale=True,
+    query_pre_attn_scalar=12.0, layer_types=(SLIDING, FULL, SLIDING),
+    sliding_window=3, sliding_rope_theta=100.0)
 
 
 def _random_params(cfg: ModelConfig, seed: int) -> transformer.Params:
@@ -180,27 +186,30 @@ def _cached_step(params, tokens, positions, segments, cache, cfg):
                              cache=cache)
 
 
-@pytest.mark.parametrize("prefill_len", [1, 4])
-def test_decode_with_cache_matches_full_forward(prefill_len):
-  params = _random_params(CFG, seed=9)
+@pytest.mark.parametrize("prefill_len, cfg", [
+    (1, CFG), (4, CFG), pytest.param(4, WINDOWED, marks=pytest.mark.slow)])
+def test_decode_with_cache_matches_full_forward(prefill_len, cfg):
+  params = _random_params(cfg, seed=9)
   B, T = 2, 9
   tokens = _tokens((B, T), seed=10)
   full = np.asarray(_logits(params, tokens, _positions(B, T),
-                            np.ones((B, T), np.int32), CFG))
-  cache = transformer.init_cache(CFG, B, 16)
+                            np.ones((B, T), np.int32), cfg))
+  cache = transformer.init_cache(cfg, B, 16)
   steps = [(0, prefill_len)] + [(t, t + 1) for t in range(prefill_len, T)]
   for start, end in steps:
     n = end - start
     logits, cache = _cached_step(
         params, tokens[:, start:end], _positions(B, end)[:, start:],
-        np.ones((B, n), np.int32), cache, CFG)
+        np.ones((B, n), np.int32), cache, cfg)
     np.testing.assert_allclose(logits, full[:, start:end], rtol=1e-5,
                                atol=1e-5, err_msg=f"tokens {start}:{end}")
   np.testing.assert_array_equal(cache.lengths, [T, T])
 
 
-def test_right_padded_prefill_rows_of_different_lengths_then_decode():
-  params = _random_params(CFG, seed=11)
+@pytest.mark.parametrize("cfg", [
+    CFG, pytest.param(WINDOWED, marks=pytest.mark.slow)])
+def test_right_padded_prefill_rows_of_different_lengths_then_decode(cfg):
+  params = _random_params(cfg, seed=11)
   lengths = [7, 4]
   n_decode = 3
   seqs = [_tokens((n + n_decode,), seed=12 + i) for i, n in
@@ -211,21 +220,21 @@ def test_right_padded_prefill_rows_of_different_lengths_then_decode():
   for i, n in enumerate(lengths):
     prefill[i, :n] = seqs[i][:n]
     seg[i, :n] = 1
-  cache = transformer.init_cache(CFG, 2, 16)
+  cache = transformer.init_cache(cfg, 2, 16)
   logits, cache = _cached_step(params, prefill, _positions(2, P), seg, cache,
-                               CFG)
+                               cfg)
   np.testing.assert_array_equal(cache.lengths, lengths)
   got = [[np.asarray(logits[i, :n])] for i, n in enumerate(lengths)]
   for step in range(n_decode):
     pos = np.array([[n + step] for n in lengths], np.int32)
     tok = np.array([[s[n + step]] for s, n in zip(seqs, lengths)])
     logits, cache = _cached_step(params, tok, pos, np.ones((2, 1), np.int32),
-                                 cache, CFG)
+                                 cache, cfg)
     for i in range(2):
       got[i].append(np.asarray(logits[i]))
   for i, s in enumerate(seqs):
     alone = _logits(params, s[None], _positions(1, len(s)),
-                    np.ones((1, len(s)), np.int32), CFG)[0]
+                    np.ones((1, len(s)), np.int32), cfg)[0]
     np.testing.assert_allclose(np.concatenate(got[i]), alone, rtol=1e-5,
                                atol=1e-5, err_msg=f"row {i}")
 
@@ -260,3 +269,86 @@ def test_unrolled_layers_give_the_scans_loss_gradients_and_cache():
                              ).lower(params).as_text()
       for c in (CFG, unrolled)}
   assert "while" in cache_free[True] and "while" not in cache_free[False]
+
+
+# --------------------------------------------------------------------------
+# Sliding-window layers
+
+
+def _windowed_attention_loss(impl, block, seg, cot, window):
+  def loss(q, k, v):
+    out = attention.self_attention(q, k, v, seg, impl=impl, block=block,
+                                   sharder=None, window=window, scale=0.3)
+    return jnp.sum(out * cot), out
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+
+def _windowed_inputs(T: int, seed: int):
+  """q, k, v of two rows (two packed sequences, then padding; one whole
+  sequence), their segments, and a cotangent that is 0 on padding."""
+  rng = np.random.default_rng(seed)
+  B, H, K, Dh = 2, 4, 2, 8
+  f = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+  seg = np.ones((B, T), np.int32)
+  seg[0, T // 3:] = 2
+  seg[0, T - 3:] = 0
+  cot = f(B, T, H, Dh) * (seg != 0)[:, :, None, None]
+  return f(B, T, H, Dh), f(B, T, K, Dh), f(B, T, K, Dh), seg, cot
+
+
+def test_windowed_blockwise_attention_equals_dense():
+  """Forward and gradients of blockwise attention with a window (key blocks
+  wholly outside it skipped) equal the dense reference; the window
+  changes the output."""
+  q, k, v, seg, cot = _windowed_inputs(40, seed=0)
+  (_, ref), g_ref = _windowed_attention_loss("dot", 8, seg, cot, 5)(q, k, v)
+  (_, out), g = _windowed_attention_loss("blockwise", 8, seg, cot, 5)(q, k, v)
+  valid = (seg != 0)[:, :, None, None]
+  np.testing.assert_allclose(np.where(valid, out, 0), np.where(valid, ref, 0),
+                             rtol=1e-5, atol=1e-5)
+  for a, b in zip(g, g_ref):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+  (_, full), _ = _windowed_attention_loss("dot", 8, seg, cot, None)(q, k, v)
+  assert np.abs(np.where(valid, full - ref, 0)).max() > 1e-2
+
+
+@pytest.mark.slow
+def test_windowed_splash_attention_equals_dense():
+  # The Pallas TPU kernel with a local mask, run by the Pallas interpreter.
+  q, k, v, seg, cot = _windowed_inputs(256, seed=1)
+  (_, ref), g_ref = _windowed_attention_loss("dot", 128, seg, cot, 40)(q, k,
+                                                                       v)
+  (_, out), g = _windowed_attention_loss("splash", 128, seg, cot, 40)(q, k,
+                                                                      v)
+  valid = (seg != 0)[:, :, None, None]
+  np.testing.assert_allclose(np.where(valid, out, 0), np.where(valid, ref, 0),
+                             rtol=1e-5, atol=1e-5)
+  for a, b in zip(g, g_ref):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_mixed_layer_kinds_scan_unrolled_and_blockwise_agree():
+  """A model with full and sliding layers: the scan (kinds as a scanned
+  flag, attention through lax.cond), the unrolled layers (static kinds)
+  with remat, and blockwise attention give one loss and one gradient; a
+  window that covers the rows gives the all-full model's."""
+  params = _random_params(WINDOWED, seed=31)
+  tokens = jnp.asarray(_tokens((2, 12), seed=32))
+  grad = jax.jit(jax.value_and_grad(
+      lambda p, c: _loss(p, tokens, c, None)[0]), static_argnums=1)
+  loss, g = grad(params, WINDOWED)
+  for changes in (dict(scan_layers=False, remat=True),
+                  dict(attention="blockwise", attention_block=4)):
+    loss2, g2 = grad(params, dataclasses.replace(WINDOWED, **changes))
+    np.testing.assert_allclose(float(loss2), float(loss), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(g)):
+      b = np.asarray(b)
+      np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4,
+                                 atol=1e-4 * np.abs(b).max())
+  wide = dataclasses.replace(WINDOWED, sliding_window=12,
+                             sliding_rope_theta=None)
+  all_full = dataclasses.replace(wide, layer_types=None)
+  np.testing.assert_allclose(float(grad(params, wide)[0]),
+                             float(grad(params, all_full)[0]), rtol=1e-6)
+  assert abs(float(grad(params, all_full)[0]) - float(loss)) > 1e-4

@@ -182,6 +182,51 @@ def test_export_loads_in_transformers_with_our_logits(run):
 
 
 @pytest.mark.host_inputs
+def test_sample_writes_the_greedy_continuation_of_transformers(run, tmp_path):
+  """launch/sample.py --greedy --json on the run: the prompt goes through the
+  run's chat template as its RL prompts did (--raw: the bare text), and the
+  continuation is the one transformers' greedy `generate` writes from the
+  export, up to where kimi_jax stops."""
+  import torch
+  import transformers
+  question = "What is 7 + 3?"
+  out = {}
+  for flag in ("", "--raw"):
+    path = tmp_path / f"samples{flag}.json"
+    proc = _run([sys.executable, os.path.join(ROOT, "launch", "sample.py"),
+                 "--workdir", run["workdir"], "--prompt", question,
+                 "--greedy", "--max_new_tokens", "12", "--json", str(path)]
+                + ([flag] if flag else []))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(path) as f:
+      out[flag] = json.load(f)
+  record, raw = out[""][0], out["--raw"][0]
+  assert set(record) == {"prompt", "sample", "prompt_tokens", "tokens",
+                         "text", "logp", "finish"}
+  export = os.path.join(run["workdir"], "hf_export")
+  # The tokenizer.json as written (AutoTokenizer would rebuild this test
+  # BPE as a Qwen2Tokenizer, whose digit-splitting regex the test tokenizer
+  # does not have; a real Qwen2 tokenizer.json carries it).
+  tok = transformers.PreTrainedTokenizerFast.from_pretrained(export)
+  prompt = tok.apply_chat_template([{"role": "user", "content": question}],
+                                   add_generation_prompt=True,
+                                   return_dict=False)
+  assert record["prompt_tokens"] == prompt
+  assert raw["prompt_tokens"] == tok(question)["input_ids"]
+  assert len(raw["prompt_tokens"]) < len(prompt)
+  model = transformers.AutoModelForCausalLM.from_pretrained(export).eval()
+  n = len(record["tokens"])
+  with torch.no_grad():
+    generated = model.generate(torch.tensor([prompt]), max_new_tokens=n,
+                               do_sample=False)
+  assert generated[0, len(prompt):].tolist()[:n] == record["tokens"]
+  assert record["text"] == tok.decode(record["tokens"],
+                                      skip_special_tokens=True)
+  assert len(record["logp"]) == n and record["finish"] in (
+      "stop", "length", "repeat")
+
+
+@pytest.mark.host_inputs
 def test_export_hf_writes_any_step_of_the_run(run, tmp_path):
   """launch/export_hf.py on the job's own workdir (its config.json, its
   checkpoints and host items): the policy after RL iteration 1."""

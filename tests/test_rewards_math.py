@@ -14,6 +14,7 @@ import pytest
 
 from kimi_jax.rewards.base import score_all
 from kimi_jax.rewards.math import MathReward, extract_answer, extract_boxed
+from kimi_jax.rewards.math_extract import after_thinking
 from kimi_jax.rewards.math_policy import (Rejected, period_of,
                                           repeating_value, rewrite_notation,
                                           shape, split_unit, strip_remark)
@@ -201,6 +202,27 @@ def test_a_few_policy_verdicts_fast(reward):
                          [rf"\boxed{{{p}}}" for _, p, _ in pairs])
   assert [r.correct for r in results] == [want for _, _, want in pairs]
   assert results[0].info["reason"] == "a pair answer for a set reference"
+
+
+@pytest.mark.parametrize("response, expected", [
+    ("<think>\n2+2 is \\boxed{5}? no\n</think>\n\n\\boxed{4}", "\n\n\\boxed{4}"),
+    ("the template opened it\n</think>\nAnswer: 4", "\nAnswer: 4"),
+    ("<think>a</think> b <think>c</think>d", "d"),
+    ("<think>\nstill thinking \\boxed{4}", ""),
+    ("\\boxed{4}", "\\boxed{4}"),
+])
+def test_after_thinking(response, expected):
+  assert after_thinking(response) == expected
+
+
+def test_the_answer_is_read_after_the_thinking_block(reward):
+  record = {"id": "t", "prompt": "", "answer": "4"}
+  results = score_all(reward, [record] * 3, [
+      "<think>\nmaybe \\boxed{5}\n</think>\n\n\\boxed{4}",
+      "<think>\nfirst \\boxed{4}\n</think>\n\nso \\boxed{5}",
+      "<think>\nit is \\boxed{4} but the block never closes"])
+  assert [r.correct for r in results] == [True, False, False]
+  assert results[2].error == "no answer found"
 
 
 def test_missing_answer_and_bad_record(reward):

@@ -164,13 +164,17 @@ def test_micro_run_writes_metrics_plots_and_bounded_compiles(tmp_path):
   assert all(r["handoff_shared"] == 1.0 for r in rl_rows)
   # launch/sample.py's logic prints completions from this run's workdir.
   from kimi_jax.job import workdir
-  results, lines = workdir.complete(str(tmp_path), ["37 c2 =", "05 c1 ="],
+  records, lines = workdir.complete(str(tmp_path), ["37 c2 =", "05 c1 ="],
                                     num_samples=2, greedy=True)
-  assert [r.id for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+  assert [(r["prompt"], r["sample"]) for r in records] == [
+      ("37 c2 =", 0), ("37 c2 =", 1), ("05 c1 =", 0), ("05 c1 =", 1)]
   assert lines[0].startswith("[prompt 0 sample 0]") and "37 c2 = ->" in lines[0]
-  assert results[0].tokens == results[1].tokens  # greedy: seed-independent
-  assert all(r.finish_reason in ("stop", "length", "repeat") and r.tokens
-             for r in results)
+  assert records[0]["tokens"] == records[1]["tokens"]  # greedy: seed-free
+  assert all(r["finish"] in ("stop", "length", "repeat") and r["tokens"] and
+             len(r["logp"]) == len(r["tokens"]) for r in records)
+  # The word tokenizer's task prompts: bos, then the words.
+  tok = workdir.tokenizer(workdir.load_run(str(tmp_path))[1])
+  assert records[0]["prompt_tokens"] == [tok.bos_id] + tok.encode("37 c2 =")
 
 
 @pytest.mark.slow

@@ -24,9 +24,8 @@ from kimi_jax.data import tasks
 from kimi_jax.infra.config import to_dataclass
 from kimi_jax.job import workdir as workdir_lib
 from kimi_jax.job.experiment import model_config
-from kimi_jax.job.workdir import encode_text_prompt
+from kimi_jax.job.workdir import prompt_encoder
 from kimi_jax.model import hf, transformer
-from kimi_jax.model.tokenizer import HFTokenizer, prompt_ids
 from kimi_jax.rewards.base import RewardFn, score_all
 from kimi_jax.rl import rollout
 from kimi_jax.sampler import handoff
@@ -149,18 +148,6 @@ class SamplerPolicy:
     return out
 
 
-def _encoder(config: Any, tokenizer: Any) -> Callable[[str], list[int]]:
-  """Prompt text -> ids, as the run's task prompts: through the chat
-  template for a Hugging Face tokenizer (task.chat_template,
-  task.system_prompt), bos + text otherwise."""
-  if isinstance(tokenizer, HFTokenizer):
-    task = config.task
-    return lambda text: prompt_ids(
-        tokenizer, text, chat_template=bool(task.get("chat_template", True)),
-        system_prompt=str(task.get("system_prompt", "")))
-  return lambda text: encode_text_prompt(tokenizer, text)
-
-
 def load_policy(*, workdir: str = "", config: Any = None,
                 step: int | None = None, top_p: float = 1.0
                 ) -> SamplerPolicy:
@@ -201,5 +188,5 @@ def load_policy(*, workdir: str = "", config: Any = None,
     params = transformer.init_sharded(model, int(config.seed), sharder)
     identity = f"random init seed {int(config.seed)} of {model}"
   params, _ = handoff.place_params(params, engine.param_shardings)
-  return SamplerPolicy(sampler, params, tok, _encoder(config, tok), top_p,
+  return SamplerPolicy(sampler, params, tok, prompt_encoder(config.task, tok), top_p,
                        identity)

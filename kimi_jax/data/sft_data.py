@@ -33,7 +33,8 @@ import numpy as np
 from kimi_jax.data.records import DataError
 from kimi_jax.token_rows import ImageSlots, put_images
 from kimi_jax.data.sources import check_state, shuffled
-from kimi_jax.model.tokenizer import HFTokenizer, chat_messages, prompt_ids
+from kimi_jax.model.tokenizer import (HFTokenizer, chat_messages, prompt_ids,
+                                      thinking_vars)
 
 ROW_KEYS = ("tokens", "targets", "positions", "segment_ids", "mask")
 
@@ -66,21 +67,26 @@ class SFTTokenizeConfig:
 
   chat_template: bool = True
   system_prompt: str = ""
+  thinking: str = "template"  # tokenizer.THINKING
 
 
 def _assistant_spans(tokenizer: HFTokenizer, messages: Sequence[Mapping],
-                     where: str) -> tuple[str, list[tuple[int, int]]]:
+                     where: str, thinking: str = "template"
+                     ) -> tuple[str, list[tuple[int, int]]]:
   """The rendered conversation and the character span of each assistant
   turn: from the end of the generation prompt before it to the end of the
-  conversation rendered up to and including it."""
-  full = tokenizer.render_chat(messages)
+  conversation rendered up to and including it. A response may hold its
+  reasoning (`<think>...</think>` before the answer): the template decides
+  how a turn's reasoning is written, and the span covers what it writes."""
+  template_vars = thinking_vars(thinking)
+  full = tokenizer.render_chat(messages, **template_vars)
   spans = []
   for i, message in enumerate(messages):
     if message["role"] != "assistant":
       continue
-    before = tokenizer.render_chat(messages[:i], add_generation_prompt=True) \
-        if i else ""
-    upto = tokenizer.render_chat(messages[:i + 1])
+    before = tokenizer.render_chat(messages[:i], add_generation_prompt=True,
+                                   **template_vars) if i else ""
+    upto = tokenizer.render_chat(messages[:i + 1], **template_vars)
     if not (upto.startswith(before) and full.startswith(upto)):
       raise DataError(
           f"{where}: the chat template renders turn {i} differently once "
@@ -114,12 +120,12 @@ def tokenize_record(record: Mapping[str, Any], tokenizer: HFTokenizer,
     messages = list(record["messages"])
     if cfg.system_prompt and messages[0]["role"] != "system":
       messages = [{"role": "system", "content": cfg.system_prompt}] + messages
-    text, spans = _assistant_spans(tokenizer, messages, where)
+    text, spans = _assistant_spans(tokenizer, messages, where, cfg.thinking)
     tokens, loss = _tokens_in_spans(tokenizer, text, spans)
   elif cfg.chat_template:
     messages = chat_messages(record["prompt"], cfg.system_prompt) + [
         {"role": "assistant", "content": record["response"]}]
-    text, spans = _assistant_spans(tokenizer, messages, where)
+    text, spans = _assistant_spans(tokenizer, messages, where, cfg.thinking)
     tokens, loss = _tokens_in_spans(tokenizer, text, spans)
   else:
     prompt = prompt_ids(tokenizer, record["prompt"], chat_template=False,

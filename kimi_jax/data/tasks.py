@@ -25,8 +25,9 @@ from typing import Any, Callable, Mapping, Sequence, Union
 from kimi_jax.data import image_records, images, pointer_chase, visual_tasks
 from kimi_jax.data import records as records_lib
 from kimi_jax.infra.config import ConfigError, to_dataclass
-from kimi_jax.model.tokenizer import (chat_messages, load_hf_tokenizer,
-                                      prompt_ids)
+from kimi_jax.model.tokenizer import (THINKING, chat_messages,
+                                      load_hf_tokenizer, prompt_ids,
+                                      thinking_vars)
 from kimi_jax.rewards import registry
 from kimi_jax.rewards.base import RewardFn
 
@@ -58,6 +59,9 @@ class JsonlTaskConfig:
   # Instruct models: prompts go through the checkpoint's chat template.
   chat_template: bool = True
   system_prompt: str = ""
+  # Reasoning models (Qwen3): "template" (the chat template's default), "on"
+  # or "off" (enable_thinking); the same for SFT rows and for sampling.
+  thinking: str = "template"
   # A bad row: "error" stops before training, naming file, line and field;
   # "skip" drops it and counts it in the load report.
   on_bad_row: str = "error"
@@ -66,6 +70,9 @@ class JsonlTaskConfig:
     for key in ("train_path", "eval_path"):
       if not getattr(self, key):
         raise ValueError(f"config.task.{key} must be set for task 'jsonl'")
+    if self.thinking not in THINKING:
+      raise ValueError(f"config.task.thinking must be one of "
+                       f"{sorted(THINKING)}, got {self.thinking!r}")
     if self.on_bad_row not in records_lib.ON_BAD_ROW:
       raise ValueError(f"config.task.on_bad_row must be one of "
                        f"{records_lib.ON_BAD_ROW}, got "
@@ -196,7 +203,8 @@ def prompt_fields(cfg: JsonlTaskConfig) -> records_lib.PromptFields:
 
 def image_prompt_ids(tokenizer: Any, prompt: str, vision: Any, *,
                      chat_template: bool, system_prompt: str = "",
-                     marker: str = "<image>") -> list[int]:
+                     thinking: str = "template", marker: str = "<image>"
+                     ) -> list[int]:
   """`prompt_ids` of a prompt whose `marker`s stand for images: the prompt
   (through the chat template, if any) is cut at each marker, the pieces
   tokenized on their own and joined by runs of `vision.tokens_per_image`
@@ -204,10 +212,11 @@ def image_prompt_ids(tokenizer: Any, prompt: str, vision: Any, *,
   inserts its image tokens. A prompt without markers gives `prompt_ids`."""
   if marker not in prompt:
     return prompt_ids(tokenizer, prompt, chat_template=chat_template,
-                      system_prompt=system_prompt)
+                      system_prompt=system_prompt, thinking=thinking)
   if chat_template:
     text = tokenizer.render_chat(chat_messages(prompt, system_prompt),
-                                 add_generation_prompt=True)
+                                 add_generation_prompt=True,
+                                 **thinking_vars(thinking))
     first = tokenizer.encode
   else:
     text = f"{system_prompt}\n\n{prompt}" if system_prompt else prompt
@@ -230,11 +239,12 @@ def _jsonl_task(cfg: JsonlTaskConfig, tokenizer: Any,
   if vision is None:
     encode = lambda r: prompt_ids(tokenizer, r["prompt"],
                                   chat_template=cfg.chat_template,
-                                  system_prompt=cfg.system_prompt)
+                                  system_prompt=cfg.system_prompt,
+                                  thinking=cfg.thinking)
   else:
     encode = lambda r: image_prompt_ids(
         tokenizer, r["prompt"], vision, chat_template=cfg.chat_template,
-        system_prompt=cfg.system_prompt)
+        system_prompt=cfg.system_prompt, thinking=cfg.thinking)
   admit = None
   if max_prompt_tokens is not None:
     def admit(record):

@@ -234,17 +234,6 @@ class MemoryPlan:
                 total=self.total)
 
 
-def cache_shardings(cfg: ModelConfig, sharder: Sharder, slots: int,
-                    length: int) -> transformer.KVCache:
-  """The sampler's cache placement; raises naming the cache if it can't
-  divide (slots over the batch axes, kv heads over `tensor`)."""
-  kv_shape = (cfg.n_layers, slots, length, cfg.n_kv_heads, cfg.head_dim)
-  what = f"sampler KV cache (sampler.max_slots={slots})"
-  kv = sharder.param_sharding(what, kv_shape, transformer.CACHE_LOGICAL)
-  lengths = sharder.param_sharding(what + " lengths", (slots,), ("batch",))
-  return transformer.KVCache(k=kv, v=kv, lengths=lengths)
-
-
 def make_plan(inputs: PlanInputs, optimizer: optax.GradientTransformation
               ) -> MemoryPlan:
   """The memory plan; a parameter or the cache that cannot be sharded as
@@ -264,9 +253,9 @@ def make_plan(inputs: PlanInputs, optimizer: optax.GradientTransformation
       params=param_bytes,
       opt_state=tree_bytes_per_device(opt_state, opt_sh),
       grads=param_bytes,
-      kv_cache=tree_bytes_per_device(
-          cache, cache_shardings(cfg, sharder, inputs.max_slots,
-                                 inputs.cache_len)),
+      kv_cache=tree_bytes_per_device(cache, transformer.cache_shardings(
+          cfg, sharder, inputs.max_slots, inputs.cache_len,
+          f"sampler KV cache (sampler.max_slots={inputs.max_slots})")),
       activations=activation_estimate(cfg, sharder, inputs.train_rows,
                                       inputs.train_len))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import ml_collections
 
@@ -17,9 +17,10 @@ from kimi_jax.infra import checkpoint as ckpt_lib
 from kimi_jax.infra.config import ConfigError
 from kimi_jax.job.experiment import ExperimentConfig, parse_config
 from kimi_jax.model import transformer
+from kimi_jax.model.tokenizer import HFTokenizer, prompt_ids
 from kimi_jax.rl.evaluation import Evaluator, SPLITS
 from kimi_jax.sampler.build import make_sampler
-from kimi_jax.sampler.driver import SampleRequest, SampleResult
+from kimi_jax.sampler.driver import SampleRequest
 from kimi_jax.sampler.sampling import SamplingParams
 from kimi_jax.sharding import Sharder, make_mesh
 
@@ -77,26 +78,49 @@ def encode_text_prompt(tok: Any, text: str) -> list[int]:
   return ([bos] if bos is not None else []) + list(tok.encode(text))
 
 
+def prompt_encoder(task: Any, tok: Any, raw: bool = False
+                   ) -> Callable[[str], list[int]]:
+  """Prompt text -> ids as the run's task prompted its policy: a Hugging
+  Face tokenizer through the chat template when the task used one
+  (task.chat_template, system_prompt, thinking; `task` a typed section or
+  a ConfigDict), else bos + text. raw=True: bos + text, no template."""
+  if raw or not isinstance(tok, HFTokenizer):
+    return lambda text: encode_text_prompt(tok, text)
+  return lambda text: prompt_ids(
+      tok, text, chat_template=bool(getattr(task, "chat_template", True)),
+      system_prompt=str(getattr(task, "system_prompt", "")),
+      thinking=str(getattr(task, "thinking", "template")))
+
+
 def complete(workdir: str, prompts: Sequence[str], *, step: int | None = None,
              num_samples: int = 1, max_new_tokens: int | None = None,
              temperature: float | None = None, top_k: int | None = None,
-             top_p: float | None = None, greedy: bool = False, seed: int = 0
-             ) -> tuple[list[SampleResult], list[str]]:
-  """Completions of the run's policy: (results, one printable line each).
+             top_p: float | None = None, greedy: bool = False, seed: int = 0,
+             raw: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+  """Completions of the run's policy: (one record per sample, one printable
+  line each).
 
-  Sampling settings default to the config's sampler section; sample j of
-  every prompt uses seed `seed + j`.
+  Prompts are formatted as the run's task formatted them (its chat
+  template, system prompt and thinking setting; `prompt_encoder`), or
+  taken as plain text with raw=True. Sampling settings default to the
+  config's sampler section; sample j of every prompt uses seed `seed + j`.
+  A record holds `prompt` (the text given), `prompt_tokens`, `tokens` (the
+  response's ids, its stop token included), `text` (decoded without special
+  tokens), `logp` (per response token) and `finish` (the finish reason).
   """
   _, cfg = load_run(workdir)
   tok = tokenizer(cfg)
+  encode = prompt_encoder(cfg.task, tok, raw=raw)
   sampler = make_sampler(cfg.model, cfg.sampler,
                          Sharder(make_mesh(cfg.mesh), cfg.rules))
   engine = sampler.engine
   params, _ = restore_params(workdir, cfg, engine.param_shardings, step)
   s = cfg.sampler
-  requests = []
+  stops = tuple(getattr(tok, "stop_ids", (tok.eos_id,)))
+  requests, prompt_tokens = [], []
   for i, text in enumerate(prompts):
-    prompt = encode_text_prompt(tok, text)
+    prompt = encode(text)
+    prompt_tokens.append(prompt)
     room = engine.cache_len - len(prompt)
     if room < 1:
       raise ValueError(f"prompt {i}: {len(prompt)} tokens leave no room in "
@@ -105,7 +129,7 @@ def complete(workdir: str, prompts: Sequence[str], *, step: int | None = None,
       requests.append(SampleRequest(
           (i, j), tuple(prompt),
           max_new_tokens=min(max_new_tokens or room, room),
-          stop_tokens=() if tok.eos_id is None else (tok.eos_id,),
+          stop_tokens=stops,
           sampling=SamplingParams(
               temperature=s.temperature if temperature is None else
               temperature,
@@ -113,14 +137,19 @@ def complete(workdir: str, prompts: Sequence[str], *, step: int | None = None,
               top_p=s.top_p if top_p is None else top_p,
               greedy=greedy, seed=seed + j)))
   results, _ = sampler.generate(params, requests)
-  lines = []
+  records, lines = [], []
   for req, res in zip(requests, results):
-    tokens = [t for t in res.tokens if t != tok.eos_id]
-    lines.append(f"[prompt {req.id[0]} sample {req.id[1]}] "
-                 f"({res.finish_reason}, {len(res.tokens)} tokens, logp "
-                 f"{sum(res.logprobs):.2f}) {prompts[req.id[0]]} -> "
-                 f"{tok.decode(tokens)}")
-  return results, lines
+    i, j = req.id
+    text = tok.decode([t for t in res.tokens if t not in stops])
+    records.append({"prompt": prompts[i], "sample": j,
+                    "prompt_tokens": [int(t) for t in prompt_tokens[i]],
+                    "tokens": [int(t) for t in res.tokens], "text": text,
+                    "logp": [float(x) for x in res.logprobs],
+                    "finish": res.finish_reason})
+    lines.append(f"[prompt {i} sample {j}] ({res.finish_reason}, "
+                 f"{len(res.tokens)} tokens, logp {sum(res.logprobs):.2f}) "
+                 f"{prompts[i]} -> {text}")
+  return records, lines
 
 
 def evaluator(workdir: str, *, split: str = "eval", data: str = "",

@@ -32,6 +32,11 @@ memory is balanced.
 Positions that are padding (segment 0) get an unspecified finite output
 (dot: the mean of all values; blockwise: zero; splash: attention over
 earlier padding); callers mask them out of every loss.
+
+Every implementation takes `window` (sliding-window layers: token t sees
+only tokens s > t - window of its segment; blockwise skips key blocks
+wholly outside it, splash builds a local mask) and `scale` (scores are
+q.k * scale; None: 1 / sqrt(head_dim)).
 """
 
 from __future__ import annotations
@@ -70,25 +75,37 @@ def _platform(sharder: Sharder | None) -> str:
 # ---- dense ------------------------------------------------------------------
 
 
+def scale_scores(scores: jax.Array, head_dim: int,
+                 scale: float | None) -> jax.Array:
+  """Scores times `scale`, or divided by sqrt(head_dim) when None."""
+  if scale is None:
+    return scores / jnp.sqrt(jnp.float32(head_dim))
+  return scores * jnp.float32(scale)
+
+
 def dense(q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array, v_BxSxKxDh: jax.Array,
-          mask_BxTxS: jax.Array) -> jax.Array:
+          mask_BxTxS: jax.Array, scale: float | None = None) -> jax.Array:
   """Softmax attention under an explicit mask; materialises B H T S."""
   B, T, H, Dh = q_BxTxHxDh.shape
   K = k_BxSxKxDh.shape[2]
   q_BxTxKxGxDh = q_BxTxHxDh.reshape(B, T, K, H // K, Dh)
-  scores = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxDh, k_BxSxKxDh,
-                      preferred_element_type=jnp.float32) / jnp.sqrt(
-                          jnp.float32(Dh))
+  scores = scale_scores(
+      jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxDh, k_BxSxKxDh,
+                 preferred_element_type=jnp.float32), Dh, scale)
   scores = jnp.where(mask_BxTxS[:, None, None, :, :], scores, MASK_VALUE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxDh.dtype)
   out = jnp.einsum("bkgts,bskd->btkgd", probs, v_BxSxKxDh)
   return out.reshape(B, T, H, Dh)
 
 
-def packed_causal_mask(segment_ids_BxT: jax.Array) -> jax.Array:
-  """Causal within a segment; segment 0 is padding and sees nothing."""
+def packed_causal_mask(segment_ids_BxT: jax.Array,
+                       window: int | None = None) -> jax.Array:
+  """Causal within a segment (and within `window`); segment 0 is padding
+  and sees nothing."""
   T = segment_ids_BxT.shape[1]
   causal_TxT = jnp.tril(jnp.ones((T, T), bool))
+  if window is not None:
+    causal_TxT &= ~jnp.tril(jnp.ones((T, T), bool), -window)
   same = segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :]
   valid = (segment_ids_BxT != 0)[:, :, None]
   return causal_TxT[None] & same & valid
@@ -97,10 +114,12 @@ def packed_causal_mask(segment_ids_BxT: jax.Array) -> jax.Array:
 # ---- blockwise (online softmax, custom VJP) -----------------------------------
 
 
-def _block_mask(q_seg_Bxb, kv_seg_Bxc, q_pos_b, kv_pos_c):
+def _block_mask(q_seg_Bxb, kv_seg_Bxc, q_pos_b, kv_pos_c, window):
   same = q_seg_Bxb[:, :, None] == kv_seg_Bxc[:, None, :]
   valid = (q_seg_Bxb != 0)[:, :, None]
   causal = kv_pos_c[None, None, :] <= q_pos_b[None, :, None]
+  if window is not None:
+    causal &= kv_pos_c[None, None, :] > q_pos_b[None, :, None] - window
   return same & valid & causal  # B x b x c
 
 
@@ -110,9 +129,26 @@ def _kv_blocks_needed(q_start, iq, bq: int, bk: int, nk: int):
   return jnp.clip(last_q // bk + 1, 0, nk)
 
 
+def _kv_blocks_from(q_start, iq, bq: int, bk: int, nk: int, window):
+  """First key block a query block can see (0 without a window)."""
+  if window is None:
+    return 0
+  first_q = q_start + iq * bq
+  return jnp.clip((first_q - window + 1) // bk, 0, nk)
+
+
 def _q_blocks_from(q_start, jk, bq: int, bk: int, nq: int):
   """First query block that can see key block jk (causal)."""
   return jnp.clip((jk * bk - q_start) // bq, 0, nq)
+
+
+def _q_blocks_needed(q_start, jk, bq: int, bk: int, nq: int, window):
+  """Query blocks before this one can see key block jk (all without a
+  window)."""
+  if window is None:
+    return nq
+  last_q = (jk + 1) * bk - 1 + window - 1
+  return jnp.clip((last_q - q_start) // bq + 1, 0, nq)
 
 
 def _scores(q_BxbxKxGxDh, k_BxcxKxDh, scale):
@@ -127,7 +163,8 @@ def _probs(s, mask_Bxbxc, ref_BxKxGxb):
                                  ref_BxKxGxb[..., None]), 0.0)
 
 
-def _blockwise_fwd_impl(q, k, v, q_seg, kv_seg, q_start, bq, bk):
+def _blockwise_fwd_impl(q, k, v, q_seg, kv_seg, q_start, bq, bk, window,
+                        scale):
   """q: B x T x K x G x Dh (T = nq bq); k, v: B x S x K x Dh (S = nk bk).
 
   Returns out (B x T x K x G x Dh, q's dtype) and lse (B x K x G x T, f32).
@@ -135,7 +172,7 @@ def _blockwise_fwd_impl(q, k, v, q_seg, kv_seg, q_start, bq, bk):
   B, T, K, G, Dh = q.shape
   S = k.shape[1]
   nq, nk = T // bq, S // bk
-  scale = 1.0 / math.sqrt(Dh)
+  scale = 1.0 / math.sqrt(Dh) if scale is None else scale
 
   def q_block(iq):
     qb = jax.lax.dynamic_slice_in_dim(q, iq * bq, bq, axis=1)
@@ -147,7 +184,7 @@ def _blockwise_fwd_impl(q, k, v, q_seg, kv_seg, q_start, bq, bk):
       kb = jax.lax.dynamic_slice_in_dim(k, jk * bk, bk, axis=1)
       vb = jax.lax.dynamic_slice_in_dim(v, jk * bk, bk, axis=1)
       ks = jax.lax.dynamic_slice_in_dim(kv_seg, jk * bk, bk, axis=1)
-      mask = _block_mask(qs, ks, q_pos, jk * bk + jnp.arange(bk))
+      mask = _block_mask(qs, ks, q_pos, jk * bk + jnp.arange(bk), window)
       s = _scores(qb, kb, scale)
       m_new = jnp.maximum(m, jnp.max(jnp.where(mask[:, None, None], s,
                                                MASK_VALUE), axis=-1))
@@ -163,7 +200,8 @@ def _blockwise_fwd_impl(q, k, v, q_seg, kv_seg, q_start, bq, bk):
             jnp.zeros((B, K, G, bq), jnp.float32),
             jnp.zeros((B, K, G, bq, Dh), jnp.float32))
     n = _kv_blocks_needed(q_start, iq, bq, bk, nk)
-    m, l, acc = jax.lax.fori_loop(0, n, kv_step, init)
+    first = _kv_blocks_from(q_start, iq, bq, bk, nk, window)
+    m, l, acc = jax.lax.fori_loop(first, n, kv_step, init)
     safe_l = jnp.where(l > 0, l, 1.0)
     out = acc / safe_l[..., None]
     return out, m + jnp.log(safe_l)
@@ -176,11 +214,11 @@ def _blockwise_fwd_impl(q, k, v, q_seg, kv_seg, q_start, bq, bk):
 
 
 def _blockwise_bwd_impl(q, k, v, q_seg, kv_seg, q_start, out, lse, dout,
-                        bq, bk):
+                        bq, bk, window, scale):
   B, T, K, G, Dh = q.shape
   S = k.shape[1]
   nq, nk = T // bq, S // bk
-  scale = 1.0 / math.sqrt(Dh)
+  scale = 1.0 / math.sqrt(Dh) if scale is None else scale
   # D_t = sum_d dout * out: the softmax backward's row term.
   delta = jnp.einsum("btkgd,btkgd->bkgt", dout.astype(jnp.float32),
                      out.astype(jnp.float32))
@@ -198,7 +236,7 @@ def _blockwise_bwd_impl(q, k, v, q_seg, kv_seg, q_start, out, lse, dout,
     """p and dS of one (query block, key block) pair."""
     qb, dob, qs, lse_b, delta_b, q_pos = q_slices(iq)
     kb, vb, ks, kv_pos = kv_slices(jk)
-    mask = _block_mask(qs, ks, q_pos, kv_pos)
+    mask = _block_mask(qs, ks, q_pos, kv_pos, window)
     p = _probs(_scores(qb, kb, scale), mask, lse_b)
     dp = jnp.einsum("bqkgd,bskd->bkgqs", dob, vb,
                     preferred_element_type=jnp.float32)
@@ -210,8 +248,9 @@ def _blockwise_bwd_impl(q, k, v, q_seg, kv_seg, q_start, out, lse, dout,
       _, ds, _, _, kb = block_grads(iq, jk)
       return dq + jnp.einsum("bkgqs,bskd->bqkgd", ds, kb.astype(jnp.float32))
     n = _kv_blocks_needed(q_start, iq, bq, bk, nk)
-    return jax.lax.fori_loop(0, n, step, jnp.zeros((B, bq, K, G, Dh),
-                                                   jnp.float32)) * scale
+    first = _kv_blocks_from(q_start, iq, bq, bk, nk, window)
+    return jax.lax.fori_loop(first, n, step, jnp.zeros((B, bq, K, G, Dh),
+                                                       jnp.float32)) * scale
 
   def dkv_block(jk):
     def step(iq, carry):
@@ -221,8 +260,10 @@ def _blockwise_bwd_impl(q, k, v, q_seg, kv_seg, q_start, out, lse, dout,
       dk = dk + jnp.einsum("bkgqs,bqkgd->bskd", ds, qb.astype(jnp.float32))
       return dk, dv
     zeros = jnp.zeros((B, bk, K, Dh), jnp.float32)
-    dk, dv = jax.lax.fori_loop(_q_blocks_from(q_start, jk, bq, bk, nq), nq,
-                               step, (zeros, zeros))
+    dk, dv = jax.lax.fori_loop(
+        _q_blocks_from(q_start, jk, bq, bk, nq),
+        _q_blocks_needed(q_start, jk, bq, bk, nq, window), step,
+        (zeros, zeros))
     return dk * scale, dv
 
   dq = jax.lax.map(dq_block, jnp.arange(nq))
@@ -233,20 +274,23 @@ def _blockwise_bwd_impl(q, k, v, q_seg, kv_seg, q_start, out, lse, dout,
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _blockwise_core(q, k, v, q_seg, kv_seg, q_start, bq, bk):
-  return _blockwise_fwd_impl(q, k, v, q_seg, kv_seg, q_start, bq, bk)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _blockwise_core(q, k, v, q_seg, kv_seg, q_start, bq, bk, window, scale):
+  return _blockwise_fwd_impl(q, k, v, q_seg, kv_seg, q_start, bq, bk, window,
+                             scale)[0]
 
 
-def _blockwise_core_fwd(q, k, v, q_seg, kv_seg, q_start, bq, bk):
-  out, lse = _blockwise_fwd_impl(q, k, v, q_seg, kv_seg, q_start, bq, bk)
+def _blockwise_core_fwd(q, k, v, q_seg, kv_seg, q_start, bq, bk, window,
+                        scale):
+  out, lse = _blockwise_fwd_impl(q, k, v, q_seg, kv_seg, q_start, bq, bk,
+                                 window, scale)
   return out, (q, k, v, q_seg, kv_seg, q_start, out, lse)
 
 
-def _blockwise_core_bwd(bq, bk, res, dout):
+def _blockwise_core_bwd(bq, bk, window, scale, res, dout):
   q, k, v, q_seg, kv_seg, q_start, out, lse = res
   dq, dk, dv = _blockwise_bwd_impl(q, k, v, q_seg, kv_seg, q_start, out, lse,
-                                   dout, bq, bk)
+                                   dout, bq, bk, window, scale)
   return dq, dk, dv, None, None, None
 
 
@@ -264,7 +308,8 @@ def _pad_len(x: jax.Array, axis: int, multiple: int) -> jax.Array:
 
 
 def blockwise_local(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, q_seg_BxT, kv_seg_BxS,
-                    q_start, *, block: int) -> jax.Array:
+                    q_start, *, block: int, window: int | None = None,
+                    scale: float | None = None) -> jax.Array:
   """Blockwise attention of T queries that start at row index `q_start`
   over the S keys of the whole row (S = T without context parallelism)."""
   B, T, H, Dh = q_BxTxHxDh.shape
@@ -273,7 +318,8 @@ def blockwise_local(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, q_seg_BxT, kv_seg_BxS,
   q = _pad_len(q_BxTxHxDh.reshape(B, T, K, H // K, Dh), 1, bq)
   out = _blockwise_core(q, _pad_len(k_BxSxKxDh, 1, bk),
                         _pad_len(v_BxSxKxDh, 1, bk), _pad_len(q_seg_BxT, 1, bq),
-                        _pad_len(kv_seg_BxS, 1, bk), q_start, bq, bk)
+                        _pad_len(kv_seg_BxS, 1, bk), q_start, bq, bk, window,
+                        scale)
   return out[:, :T].reshape(B, T, H, Dh)
 
 
@@ -289,16 +335,21 @@ def _splash_block(length: int, block: int) -> int:
 
 
 def _splash_kernel(groups: int, length: int, q_shards: int, block: int,
-                   interpret: bool):
+                   interpret: bool, window: int | None = None):
   """A multi-query splash kernel for `groups` query heads per key head over a
-  causal length x length mask, its query blocks split into `q_shards`."""
+  causal (or local: `window`) length x length mask, its query blocks split
+  into `q_shards`."""
   from jax.experimental.pallas.ops.tpu.splash_attention import (
       splash_attention_kernel as splash, splash_attention_mask as masks)
   b = _splash_block(length // q_shards, block)
   sizes = splash.BlockSizes(
       block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
       block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
-  mask = masks.MultiHeadMask([masks.CausalMask((length, length))] * groups)
+  if window is None:
+    one = masks.CausalMask((length, length))
+  else:  # keys in (q - window, q]
+    one = masks.LocalMask((length, length), (window - 1, 0), offset=0)
+  mask = masks.MultiHeadMask([one] * groups)
   # The kernel builds its block-sparsity tables from the static mask as
   # small constant arrays; they are part of the program, not input data.
   with jax.transfer_guard_host_to_device("allow"):
@@ -307,13 +358,14 @@ def _splash_kernel(groups: int, length: int, q_shards: int, block: int,
 
 
 def _splash_local(kernel, q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, q_seg_BxT,
-                  kv_seg_BxS) -> jax.Array:
+                  kv_seg_BxS, scale: float | None = None) -> jax.Array:
   from jax.experimental.pallas.ops.tpu.splash_attention import (
       splash_attention_kernel as splash)
   B, T, H, Dh = q_BxTxHxDh.shape
   K = k_BxSxKxDh.shape[2]
   # Splash does not scale scores; pre-scale the queries instead.
-  q = (q_BxTxHxDh * jnp.asarray(1.0 / math.sqrt(Dh), q_BxTxHxDh.dtype))
+  scale = 1.0 / math.sqrt(Dh) if scale is None else scale
+  q = (q_BxTxHxDh * jnp.asarray(scale, q_BxTxHxDh.dtype))
   q_BxKxGxTxDh = jnp.transpose(q.reshape(B, T, K, H // K, Dh), (0, 2, 3, 1, 4))
   k_BxKxSxDh = jnp.transpose(k_BxSxKxDh, (0, 2, 1, 3))
   v_BxKxSxDh = jnp.transpose(v_BxSxKxDh, (0, 2, 1, 3))
@@ -343,7 +395,8 @@ def _spec(*parts: tuple[str, ...]) -> PartitionSpec:
 
 def self_attention(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array,
                    v_BxTxKxDh: jax.Array, segment_ids_BxT: jax.Array, *,
-                   impl: str, block: int, sharder: Sharder | None
+                   impl: str, block: int, sharder: Sharder | None,
+                   window: int | None = None, scale: float | None = None
                    ) -> jax.Array:
   """Causal attention within segments of packed rows (see module doc)."""
   chosen = resolve(impl, sharder)
@@ -351,7 +404,7 @@ def self_attention(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array,
                          q_BxTxHxDh.shape[1] <= block):
     # Rows of one block: blockwise would compute exactly this, slower.
     return dense(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh,
-                 packed_causal_mask(segment_ids_BxT))
+                 packed_causal_mask(segment_ids_BxT, window), scale)
   impl = chosen
   B, T, H, _ = q_BxTxHxDh.shape
   K = k_BxTxKxDh.shape[2]
@@ -371,7 +424,8 @@ def self_attention(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array,
     q, k, v, seg = map(pad, (q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh,
                              segment_ids_BxT))
     kernel = _splash_kernel(H // K, length, n_ctx, block,
-                            interpret=_platform(sharder) != "tpu")
+                            interpret=_platform(sharder) != "tpu",
+                            window=window)
   else:
     q, k, v, seg, kernel = (q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh,
                             segment_ids_BxT, None)
@@ -384,8 +438,9 @@ def self_attention(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array,
     else:
       kv_seg, q_start = seg, 0
     if impl == "splash":
-      return _splash_local(kernel, q, k, v, seg, kv_seg)
-    return blockwise_local(q, k, v, seg, kv_seg, q_start, block=block)
+      return _splash_local(kernel, q, k, v, seg, kv_seg, scale)
+    return blockwise_local(q, k, v, seg, kv_seg, q_start, block=block,
+                           window=window, scale=scale)
 
   if sharder is None:
     return local(kernel, q, k, v, seg)[:, :T]

@@ -6,17 +6,29 @@ import dataclasses
 from typing import Any, Mapping
 
 from kimi_jax.infra.dtypes import NamedDtypes, check_dtypes
+from kimi_jax.model.rope import RopeScaling
 from kimi_jax.vision import projector, tower
 from kimi_jax.vision.config import VisionConfig
+
+# Attention kinds of `ModelConfig.layer_types` (Hugging Face's names).
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(NamedDtypes):
-  """A decoder-only transformer of the Llama / Qwen2 family.
+  """A decoder-only transformer: pre-norm blocks of grouped-query attention
+  with rotary embeddings and a gated MLP.
 
-  Qwen2 differs from Llama only by `qkv_bias=True` (and usually tied
-  embeddings on the small sizes); both use RMSNorm, rotary embeddings,
-  grouped-query attention and a SwiGLU MLP.
+  The families differ by data, not code (kimi_jax/model/hf.py maps their
+  Hugging Face configs): Llama is the defaults; Qwen2 adds `qkv_bias`;
+  Qwen3 `qk_norm` (and a head_dim of its own); Llama 3.1 and long-context
+  Qwen a `rope_scaling`; Gemma 3 `norm_offset=1`, `post_norms`,
+  `mlp_activation="gelu_tanh"`, `embed_scale`, `query_pre_attn_scalar` and
+  interleaved sliding-window layers (`layer_types`, `sliding_window`,
+  `sliding_rope_theta`). Every new field defaults to what the model did
+  before it existed.
   """
 
   vocab_size: int
@@ -56,8 +68,43 @@ class ModelConfig(NamedDtypes):
   # config section (mapping) is typed here; `lm_d_model` defaults to
   # `d_model`.
   vision: VisionConfig | None = None
+  # Family features (see the class doc). qk_norm: RMSNorm over each query
+  # and key head before the rotary embedding. norm_offset: every RMSNorm
+  # scales by (norm_offset + weight), in float32 when nonzero (Gemma's
+  # zero-centred weights). post_norms: RMSNorms on the attention and MLP
+  # outputs before each residual add. mlp_activation: the gate's "silu"
+  # (SwiGLU) or "gelu_tanh" (GeGLU, tanh approximation). embed_scale:
+  # token embeddings times sqrt(d_model), in the compute dtype.
+  # query_pre_attn_scalar: attention scores scale by its inverse square
+  # root (None: head_dim's). final_logit_softcap: logits become
+  # cap * tanh(logits / cap) (None: none).
+  qk_norm: bool = False
+  norm_offset: float = 0.0
+  post_norms: bool = False
+  mlp_activation: str = "silu"
+  embed_scale: bool = False
+  query_pre_attn_scalar: float | None = None
+  final_logit_softcap: float | None = None
+  # Rotary scaling of the full-attention layers (a `RopeScaling` or its
+  # mapping); None: unscaled.
+  rope_scaling: RopeScaling | None = None
+  # Attention kind of each layer: FULL or SLIDING (None: all FULL). A
+  # sliding layer's query at position p sees keys in (p - sliding_window,
+  # p] and rotates with base sliding_rope_theta (None: rope_theta),
+  # unscaled; the sampler keeps only a sliding_window ring of its keys.
+  layer_types: tuple[str, ...] | None = None
+  sliding_window: int | None = None
+  sliding_rope_theta: float | None = None
 
   def __post_init__(self):
+    if self.rope_scaling is not None and not isinstance(self.rope_scaling,
+                                                        RopeScaling):
+      object.__setattr__(self, "rope_scaling", RopeScaling.from_mapping(
+          dict(self.rope_scaling.items())))
+    if self.layer_types is not None and not isinstance(self.layer_types,
+                                                       tuple):
+      object.__setattr__(self, "layer_types", tuple(self.layer_types))
+    self._check_family_fields()
     if self.vision is not None and not isinstance(self.vision, VisionConfig):
       section = dict(self.vision.items())
       section.setdefault("lm_d_model", self.d_model)
@@ -94,6 +141,39 @@ class ModelConfig(NamedDtypes):
       raise ValueError(f"model.rope_theta must be positive, got "
                        f"{self.rope_theta}")
 
+  def _check_family_fields(self) -> None:
+    if self.mlp_activation not in MLP_ACTIVATIONS:
+      raise ValueError(f"model.mlp_activation must be one of "
+                       f"{MLP_ACTIVATIONS}, got {self.mlp_activation!r}")
+    for name in ("query_pre_attn_scalar", "final_logit_softcap",
+                 "sliding_window", "sliding_rope_theta"):
+      value = getattr(self, name)
+      if value is not None and not value > 0:
+        raise ValueError(f"model.{name} must be positive or None, got "
+                         f"{value}")
+    if self.layer_types is None:
+      return
+    if len(self.layer_types) != self.n_layers:
+      raise ValueError(f"model.layer_types has {len(self.layer_types)} "
+                       f"entries for model.n_layers={self.n_layers}")
+    bad = sorted(set(self.layer_types) - {FULL, SLIDING})
+    if bad:
+      raise ValueError(f"model.layer_types: unknown kinds {bad}; each is "
+                       f"{FULL!r} or {SLIDING!r}")
+    if SLIDING in self.layer_types and self.sliding_window is None:
+      raise ValueError(f"model.layer_types has {SLIDING!r} layers but "
+                       f"model.sliding_window is None")
+
+  @property
+  def layer_kinds(self) -> tuple[str, ...]:
+    """The attention kind of every layer (FULL or SLIDING)."""
+    return self.layer_types or (FULL,) * self.n_layers
+
+  @property
+  def windowed(self) -> bool:
+    """Whether some layer attends over a sliding window."""
+    return SLIDING in self.layer_kinds
+
   @classmethod
   def from_mapping(cls, values: Mapping[str, Any]) -> "ModelConfig":
     """Builds from a config section, naming unknown keys."""
@@ -111,7 +191,9 @@ def count_params(cfg: ModelConfig) -> int:
   attn = d * h * hd + 2 * d * k * hd + h * hd * d
   if cfg.qkv_bias:
     attn += h * hd + 2 * k * hd
-  per_layer = attn + 3 * d * f + 2 * d
+  if cfg.qk_norm:
+    attn += 2 * hd
+  per_layer = attn + 3 * d * f + (4 if cfg.post_norms else 2) * d
   embed = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
   return cfg.n_layers * per_layer + embed + d + count_vision_params(cfg)
 

@@ -1,4 +1,4 @@
-"""Hugging Face interop: Qwen2 / Llama `config.json` + safetensors <-> params.
+"""Hugging Face interop: `config.json` + safetensors <-> params.
 
 HF stores each layer's linear maps as torch `[out, in]` matrices with heads
 flattened; our params are stacked over layers with heads as their own axis
@@ -6,8 +6,10 @@ flattened; our params are stacked over layers with heads as their own axis
 layer, straight into this host's shards of their `NamedSharding`: host memory
 peaks around the local shards of one parameter plus one layer's tensor.
 
-Supported: `Qwen2ForCausalLM` (q/k/v biases) and `LlamaForCausalLM` without
-biases, both with default (unscaled) rotary embeddings and SiLU MLPs.
+Supported (kimi_jax/model/families.py): `LlamaForCausalLM`,
+`Qwen2ForCausalLM` (q/k/v biases) and `Qwen3ForCausalLM` (q/k norms), each
+with default, linear, llama3 or yarn rotary scaling, and `Gemma3ForCausalLM`
+(interleaved sliding-window layers, Gemma norms, GeGLU).
 `model_config_from_hf` / `merge_model_config` give a run its model section
 from a checkpoint; `export_hf_directory` writes a complete HF directory
 (weights, tokenizer, chat template, generation config).
@@ -30,26 +32,20 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from kimi_jax.model.config import ModelConfig
+# The architecture names and the error type are part of this module's API.
+from kimi_jax.model.families import (FAMILIES, GEMMA3, LLAMA, QWEN2,  # noqa
+                                     QWEN3, Family, HFCheckpointError,
+                                     architecture_of, default_architecture)
 from kimi_jax.model.tokenizer import load_hf_tokenizer
 from kimi_jax.model.transformer import Params, param_shapes, param_shardings
 from kimi_jax.sharding import Sharder
 
-QWEN2 = "Qwen2ForCausalLM"
-LLAMA = "LlamaForCausalLM"
-SUPPORTED_ARCHITECTURES = (QWEN2, LLAMA)
-_MODEL_TYPES = {QWEN2: "qwen2", LLAMA: "llama"}
-# HF's own defaults for keys a config.json may omit.
-_DEFAULT_MAX_POSITIONS = {QWEN2: 32768, LLAMA: 2048}
-_DEFAULT_ROPE_THETA = 10000.0
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 _DEFAULT_RMS_EPS = 1e-6
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-
-
-class HFCheckpointError(ValueError):
-  """A Hugging Face checkpoint does not match what the model expects."""
 
 
 # ---------------------------------------------------------------------------
@@ -64,32 +60,13 @@ def _architecture(hf_config: Mapping[str, Any], source: str) -> str:
           f"{source}: unsupported architecture {archs}; supported: "
           f"{list(SUPPORTED_ARCHITECTURES)}")
     return archs[0]
-  by_type = {t: a for a, t in _MODEL_TYPES.items()}
+  by_type = {f.model_type: a for a, f in FAMILIES.items()}
   model_type = hf_config.get("model_type")
   if model_type not in by_type:
     raise HFCheckpointError(
         f"{source}: no `architectures` and unsupported model_type "
         f"{model_type!r}; supported: {list(SUPPORTED_ARCHITECTURES)}")
   return by_type[model_type]
-
-
-def _rope_theta(hf_config: Mapping[str, Any], source: str) -> float:
-  """rope_theta from `rope_parameters` (HF 5.x) or the top level (4.x)."""
-  params = hf_config.get("rope_parameters") or {}
-  scaling = hf_config.get("rope_scaling") or {}
-  for where, section in (("rope_parameters", params),
-                         ("rope_scaling", scaling)):
-    kind = section.get("rope_type", section.get("type", "default"))
-    if kind not in (None, "default"):
-      raise HFCheckpointError(
-          f"{source}: {where} has rope type {kind!r}; only default "
-          f"(unscaled) rotary embeddings are implemented")
-  thetas = {float(v) for v in (params.get("rope_theta"),
-                               hf_config.get("rope_theta")) if v is not None}
-  if len(thetas) > 1:
-    raise HFCheckpointError(f"{source}: rope_theta and rope_parameters."
-                            f"rope_theta disagree: {sorted(thetas)}")
-  return thetas.pop() if thetas else _DEFAULT_ROPE_THETA
 
 
 def _required(hf_config: Mapping[str, Any], key: str, source: str) -> Any:
@@ -100,46 +77,43 @@ def _required(hf_config: Mapping[str, Any], key: str, source: str) -> Any:
 
 def config_from_hf(hf_config: Mapping[str, Any], *,
                    source: str = CONFIG_FILE) -> ModelConfig:
-  """ModelConfig of a Qwen2 / Llama `config.json` (already parsed).
+  """ModelConfig of a supported `config.json` (already parsed): the keys
+  every family shares, then the family's own (families.py).
 
   `source` only names the file in error messages.
   """
-  arch = _architecture(hf_config, source)
-  act = hf_config.get("hidden_act", "silu")
-  if act != "silu":
-    raise HFCheckpointError(f"{source}: hidden_act {act!r} is not supported "
-                            f"(only silu)")
+  family = FAMILIES[_architecture(hf_config, source)]
+  act = hf_config.get(family.activation_key) or next(iter(
+      family.activations))
+  if act not in family.activations:
+    raise HFCheckpointError(
+        f"{source}: {family.activation_key} {act!r} is not supported "
+        f"(only {', '.join(family.activations)})")
   if hf_config.get("mlp_bias"):
     raise HFCheckpointError(f"{source}: mlp_bias=true is not supported")
-  if arch == QWEN2:
-    if hf_config.get("use_sliding_window"):
-      raise HFCheckpointError(f"{source}: {arch} with use_sliding_window=true "
-                              f"is not supported")
-    qkv_bias = True
-  elif hf_config.get("attention_bias"):
-    # Llama's attention_bias also adds an o_proj bias, which we don't have.
-    raise HFCheckpointError(
-        f"{source}: {arch} with attention_bias=true (biases on q/k/v and "
-        f"o_proj) is not supported; the model has q/k/v biases only")
-  else:
-    qkv_bias = False
   d_model = int(_required(hf_config, "hidden_size", source))
   n_heads = int(_required(hf_config, "num_attention_heads", source))
-  return ModelConfig(
+  max_positions = int(hf_config.get("max_position_embeddings") or
+                      family.max_positions)
+  fields = dict(
       vocab_size=int(_required(hf_config, "vocab_size", source)),
       d_model=d_model,
       n_layers=int(_required(hf_config, "num_hidden_layers", source)),
       n_heads=n_heads,
       n_kv_heads=int(hf_config.get("num_key_value_heads") or n_heads),
-      head_dim=int(hf_config.get("head_dim") or d_model // n_heads),
+      head_dim=int(hf_config.get("head_dim") or family.head_dim or
+                   d_model // n_heads),
       mlp_dim=int(_required(hf_config, "intermediate_size", source)),
-      rope_theta=_rope_theta(hf_config, source),
       norm_eps=float(hf_config.get("rms_norm_eps", _DEFAULT_RMS_EPS)),
-      tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
-      qkv_bias=qkv_bias,
-      max_seq_len=int(hf_config.get("max_position_embeddings",
-                                    _DEFAULT_MAX_POSITIONS[arch])),
-  )
+      tie_embeddings=bool(hf_config.get("tie_word_embeddings",
+                                        family.tie_embeddings)),
+      mlp_activation=family.activations[act],
+      max_seq_len=max_positions)
+  fields.update(family.read(hf_config, source, max_positions))
+  try:
+    return ModelConfig(**fields)
+  except ValueError as exc:
+    raise HFCheckpointError(f"{source}: {exc}") from None
 
 
 def model_config_from_hf(path: str) -> ModelConfig:
@@ -181,7 +155,14 @@ _HF_KEYS = {
     "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
     "mlp_dim": "intermediate_size", "rope_theta": "rope_theta",
     "norm_eps": "rms_norm_eps", "tie_embeddings": "tie_word_embeddings",
-    "qkv_bias": "architectures",
+    "qkv_bias": "architectures", "qk_norm": "architectures",
+    "norm_offset": "architectures", "post_norms": "architectures",
+    "embed_scale": "architectures", "mlp_activation": "hidden_act",
+    "query_pre_attn_scalar": "query_pre_attn_scalar",
+    "final_logit_softcap": "final_logit_softcapping",
+    "rope_scaling": "rope_parameters", "layer_types": "layer_types",
+    "sliding_window": "sliding_window",
+    "sliding_rope_theta": "rope_local_base_freq",
 }
 
 
@@ -221,18 +202,19 @@ def merge_model_config(checkpoint: ModelConfig, explicit: Mapping[str, Any],
 
 def config_to_hf(cfg: ModelConfig, architecture: str | None = None
                  ) -> dict[str, Any]:
-  """config.json contents that transformers loads as the same model."""
-  arch = architecture or (QWEN2 if cfg.qkv_bias else LLAMA)
+  """config.json contents that transformers loads as the same model.
+
+  architecture: default `families.default_architecture(cfg)`. Raises
+  HFCheckpointError naming the fields that family cannot express (the
+  written config must read back as the same model)."""
+  arch = architecture or default_architecture(cfg)
   if arch not in SUPPORTED_ARCHITECTURES:
     raise HFCheckpointError(f"export: unsupported architecture {arch!r}; "
                             f"supported: {list(SUPPORTED_ARCHITECTURES)}")
-  if (arch == QWEN2) != cfg.qkv_bias:
-    raise HFCheckpointError(
-        f"export: {arch} {'always has' if arch == QWEN2 else 'cannot have'} "
-        f"q/k/v biases only, but the model has qkv_bias={cfg.qkv_bias}")
+  family = FAMILIES[arch]
   out = {
       "architectures": [arch],
-      "model_type": _MODEL_TYPES[arch],
+      "model_type": family.model_type,
       "vocab_size": cfg.vocab_size,
       "hidden_size": cfg.d_model,
       "intermediate_size": cfg.mlp_dim,
@@ -240,21 +222,18 @@ def config_to_hf(cfg: ModelConfig, architecture: str | None = None
       "num_attention_heads": cfg.n_heads,
       "num_key_value_heads": cfg.n_kv_heads,
       "head_dim": cfg.head_dim,
-      "hidden_act": "silu",
       "max_position_embeddings": cfg.max_seq_len,
       "rms_norm_eps": cfg.norm_eps,
-      # Both spellings: transformers 4.x reads rope_theta, 5.x
-      # rope_parameters.
-      "rope_theta": cfg.rope_theta,
-      "rope_parameters": {"rope_type": "default",
-                          "rope_theta": cfg.rope_theta},
       "tie_word_embeddings": cfg.tie_embeddings,
       "torch_dtype": cfg.param_dtype,
+      **family.write(cfg),
   }
-  if arch == LLAMA:
-    out.update(attention_bias=False, mlp_bias=False)
-  else:
-    out.update(use_sliding_window=False)
+  ours, back = architecture_of(cfg), architecture_of(
+      config_from_hf(out, source=f"export as {arch}"))
+  wrong = [f"{k}={ours[k]!r}" for k in ours if not _same(ours[k], back[k])]
+  if wrong:
+    raise HFCheckpointError(f"export: {arch} cannot express this model's "
+                            f"{', '.join(wrong)}")
   return out
 
 
@@ -293,21 +272,13 @@ class _Layout:
 
 _SAME, _FLAT, _LINEAR = _Layout("same"), _Layout("flat"), _Layout("linear")
 
-# (our name under params["layers"], HF name under model.layers.{i}., layout)
-_LAYER_TENSORS = (
-    ("attn_norm", "input_layernorm.weight", _SAME),
-    ("wq", "self_attn.q_proj.weight", _LINEAR),
-    ("wk", "self_attn.k_proj.weight", _LINEAR),
-    ("wv", "self_attn.v_proj.weight", _LINEAR),
-    ("bq", "self_attn.q_proj.bias", _FLAT),
-    ("bk", "self_attn.k_proj.bias", _FLAT),
-    ("bv", "self_attn.v_proj.bias", _FLAT),
-    ("wo", "self_attn.o_proj.weight", _Layout("linear", n_in=2)),
-    ("mlp_norm", "post_attention_layernorm.weight", _SAME),
-    ("w_gate", "mlp.gate_proj.weight", _LINEAR),
-    ("w_up", "mlp.up_proj.weight", _LINEAR),
-    ("w_down", "mlp.down_proj.weight", _LINEAR),
-)
+# How each layer param is stored (the names are the family's); norms (of
+# every kind) are stored as they are.
+_LAYER_LAYOUTS = {
+    "wq": _LINEAR, "wk": _LINEAR, "wv": _LINEAR, "bq": _FLAT, "bk": _FLAT,
+    "bv": _FLAT, "wo": _Layout("linear", n_in=2), "w_gate": _LINEAR,
+    "w_up": _LINEAR, "w_down": _LINEAR,
+}
 _TOP_TENSORS = (
     ("embed", "model.embed_tokens.weight", _SAME),
     ("final_norm", "model.norm.weight", _SAME),
@@ -335,15 +306,20 @@ class _Entry:
     return self.shape[1:] if self.stacked else self.shape
 
 
-def _entries(cfg: ModelConfig) -> list[_Entry]:
-  """Every param of `cfg` in params-tree order, with its HF names."""
+def _entries(cfg: ModelConfig, family: Family) -> list[_Entry]:
+  """Every param of `cfg` with its HF names in `family`."""
   shapes = param_shapes(cfg)
   out = []
-  for ours, hf, layout in _LAYER_TENSORS:
+  named = dict(family.layer_tensors)
+  unnamed = sorted(set(shapes["layers"]) - set(named))
+  if unnamed:
+    raise HFCheckpointError(f"{family.architecture} has no tensors for the "
+                            f"layer params {unnamed}")
+  for ours, hf in family.layer_tensors:
     if ours in shapes["layers"]:
       names = tuple(f"model.layers.{i}.{hf}" for i in range(cfg.n_layers))
       out.append(_Entry(("layers", ours), shapes["layers"][ours], names,
-                        layout))
+                        _LAYER_LAYOUTS.get(ours, _SAME)))
   for ours, hf, layout in _TOP_TENSORS:
     if ours in shapes:
       out.append(_Entry((ours,), shapes[ours], (hf,), layout))
@@ -484,7 +460,7 @@ def _check_tied_head(reader: _Reader, files: Mapping[str, str],
 def load_hf_checkpoint(path: str, *, sharder: Sharder | None = None,
                        param_dtype: str | None = None
                        ) -> tuple[ModelConfig, Params]:
-  """Reads a Qwen2 / Llama HF directory into (ModelConfig, params).
+  """Reads a supported HF directory into (ModelConfig, params).
 
   Args:
     path: directory with config.json and model.safetensors (or sharded
@@ -500,7 +476,9 @@ def load_hf_checkpoint(path: str, *, sharder: Sharder | None = None,
   """
   config_path = os.path.join(path, CONFIG_FILE)
   with open(config_path) as f:
-    cfg = config_from_hf(json.load(f), source=config_path)
+    raw = json.load(f)
+  cfg = config_from_hf(raw, source=config_path)
+  family = FAMILIES[_architecture(raw, config_path)]
   if param_dtype is not None:
     cfg = dataclasses.replace(cfg, param_dtype=param_dtype)
   # Shardings first: a param that cannot divide fails before any reading.
@@ -510,7 +488,7 @@ def load_hf_checkpoint(path: str, *, sharder: Sharder | None = None,
                                        is_leaf=lambda x: isinstance(x, tuple))
   else:
     shardings = param_shardings(cfg, sharder)
-  entries = _entries(cfg)
+  entries = _entries(cfg, family)
   files = _tensor_files(path)
   _check_names(entries, files, path, cfg.tie_embeddings)
   dtype = np.dtype(cfg.param_jnp_dtype)
@@ -529,8 +507,8 @@ def load_hf_checkpoint(path: str, *, sharder: Sharder | None = None,
 # Export
 
 
-def _check_params(params: Params, cfg: ModelConfig) -> None:
-  check_param_shapes(params, {e.path: e.shape for e in _entries(cfg)},
+def _check_params(params: Params, entries: list[_Entry]) -> None:
+  check_param_shapes(params, {e.path: e.shape for e in entries},
                      "params")
 
 
@@ -592,14 +570,15 @@ def export_hf_checkpoint(params: Params, cfg: ModelConfig, path: str, *,
                          architecture: str | None = None) -> None:
   """Writes params as an HF directory `transformers` can load.
 
-  architecture: default Qwen2ForCausalLM when cfg.qkv_bias else
-  LlamaForCausalLM. Files larger than max_shard_bytes are split into
+  architecture: default `families.default_architecture(cfg)` (Gemma3 for
+  Gemma features, else Qwen3 with q/k norms, Qwen2 with q/k/v biases,
+  Llama). Files larger than max_shard_bytes are split into
   model-0000k-of-0000n.safetensors with model.safetensors.index.json. Tensors
   keep the params' dtype. Host memory peaks around one file plus one param.
   """
   hf_config = config_to_hf(cfg, architecture)
-  _check_params(params, cfg)
-  entries = _entries(cfg)
+  entries = _entries(cfg, FAMILIES[hf_config["architectures"][0]])
+  _check_params(params, entries)
   items = []
   for e in entries:
     nbytes = math.prod(e.slice_shape) * np.dtype(

@@ -87,21 +87,43 @@ class HFTokenizer:
     return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
   def render_chat(self, messages: Sequence[dict[str, Any]], *,
-                  add_generation_prompt: bool = False) -> str:
-    """The conversation through the checkpoint's chat template."""
+                  add_generation_prompt: bool = False,
+                  **template_vars: Any) -> str:
+    """The conversation through the checkpoint's chat template; extra
+    variables (e.g. `enable_thinking`) as `apply_chat_template`'s kwargs."""
     if self.chat_template is None:
       raise ValueError(
           f"{self.path or 'tokenizer'}: no chat template (neither "
           f"chat_template.jinja nor tokenizer_config.json chat_template); "
           f"set task.chat_template=False for a base model")
     return self.chat_template.render(
-        messages, add_generation_prompt=add_generation_prompt)
+        messages, add_generation_prompt=add_generation_prompt,
+        **template_vars)
 
   def encode_chat(self, messages: Sequence[dict[str, Any]], *,
-                  add_generation_prompt: bool = False) -> list[int]:
+                  add_generation_prompt: bool = False,
+                  **template_vars: Any) -> list[int]:
     """Ids of the rendered conversation, as `apply_chat_template` gives."""
     return self.encode(self.render_chat(
-        messages, add_generation_prompt=add_generation_prompt))
+        messages, add_generation_prompt=add_generation_prompt,
+        **template_vars))
+
+
+# `task.thinking`: how a reasoning model's template is asked to think.
+# "template" passes nothing (the template's own default); "on" / "off" pass
+# enable_thinking=True / False, the switch Qwen3's template reads (off: the
+# generation prompt holds an empty <think></think> block).
+THINKING = {"template": {}, "on": {"enable_thinking": True},
+            "off": {"enable_thinking": False}}
+
+
+def thinking_vars(thinking: str) -> dict[str, bool]:
+  """The chat-template variables of a `task.thinking` setting."""
+  try:
+    return dict(THINKING[thinking])
+  except KeyError:
+    raise ValueError(f"thinking must be one of {sorted(THINKING)}, got "
+                     f"{thinking!r}") from None
 
 
 def chat_messages(prompt: str, system_prompt: str = "") -> list[dict[str, str]]:
@@ -112,18 +134,21 @@ def chat_messages(prompt: str, system_prompt: str = "") -> list[dict[str, str]]:
 
 
 def prompt_ids(tokenizer: HFTokenizer, prompt: str, *, chat_template: bool,
-               system_prompt: str = "") -> list[int]:
+               system_prompt: str = "", thinking: str = "template"
+               ) -> list[int]:
   """The ids the sampler starts from for one task prompt.
 
   chat_template=True (instruct models): [system, user] through the chat
-  template, ending with the assistant turn's header (generation prompt).
+  template, ending with the assistant turn's header (generation prompt),
+  rendered with `thinking`'s variables (THINKING).
   chat_template=False (base models): the text as the tokenizer encodes a
   document (with its own BOS, if any); a system prompt is put before the
   prompt, separated by a blank line.
   """
   if chat_template:
     return tokenizer.encode_chat(chat_messages(prompt, system_prompt),
-                                 add_generation_prompt=True)
+                                 add_generation_prompt=True,
+                                 **thinking_vars(thinking))
   text = f"{system_prompt}\n\n{prompt}" if system_prompt else prompt
   return tokenizer.encode_with_special_tokens(text)
 

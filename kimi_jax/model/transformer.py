@@ -1,8 +1,15 @@
-"""The policy: a functional decoder-only transformer (Llama / Qwen2 family).
+"""The policy: a functional decoder-only transformer (Llama, Qwen2, Qwen3,
+Gemma 3: the families differ by `ModelConfig` fields, see its doc).
 
 Parameters are a plain pytree of arrays passed in; layers are stacked along a
 leading `layers` axis and run with `lax.scan`, so compile time does not grow
 with depth. Nothing here calls `jit`: callers jit with their own shardings.
+
+Layers of two attention kinds (`ModelConfig.layer_types`) share the scan:
+each layer's kind is a scanned flag that picks its rotary frequencies and,
+through `lax.cond`, its attention (full or sliding window). Cached decoding
+keeps full-attention layers in `KVCache.k`/`v` and sliding layers in ring
+buffers of `sliding_window` entries (`KVCache.local_k`/`local_v`).
 
 Shapes in names: B batch, T new tokens, S cache length, D model width,
 H query heads, K key/value heads, G = H // K, Dh head dim, F MLP width,
@@ -11,13 +18,14 @@ V vocabulary, L layers.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from kimi_jax.model import attention
-from kimi_jax.model.config import ModelConfig
+from kimi_jax.model import attention, rope
+from kimi_jax.model.config import FULL, SLIDING, ModelConfig
 from kimi_jax.model.projection import project
 from kimi_jax import sharding as sharding_lib
 from kimi_jax.sharding import Sharder, constrain, tree_param_shardings
@@ -32,11 +40,17 @@ class KVCache(NamedTuple):
   k_LxBxSxKxDh, v_LxBxSxKxDh: cached keys and values (compute dtype).
   lengths_B: how many cache entries of each row are valid; the next token of
     row b is written at index lengths_B[b].
+  A model with sliding-window layers (`cfg.windowed`) keeps only its
+  full-attention layers in k and v (in layer order) and its sliding layers
+  in local_k, local_v: Ls x B x R x K x Dh ring buffers, R =
+  min(sliding_window, S), cache index c at entry c % R (None otherwise).
   """
 
   k: jax.Array
   v: jax.Array
   lengths: jax.Array
+  local_k: jax.Array | None = None
+  local_v: jax.Array | None = None
 
 
 CACHE_LOGICAL = ("layers", "batch", "length", "kv_heads", "head_dim")
@@ -59,6 +73,12 @@ def param_logical_axes(cfg: ModelConfig) -> Params:
     layers["bq"] = ("layers", "heads", "head_dim")
     layers["bk"] = ("layers", "kv_heads", "head_dim")
     layers["bv"] = ("layers", "kv_heads", "head_dim")
+  if cfg.qk_norm:
+    layers["q_norm"] = ("layers", "norm")
+    layers["k_norm"] = ("layers", "norm")
+  if cfg.post_norms:
+    layers["post_attn_norm"] = ("layers", "norm")
+    layers["post_mlp_norm"] = ("layers", "norm")
   params = {"embed": ("vocab", "embed"), "layers": layers,
             "final_norm": ("norm",)}
   if not cfg.tie_embeddings:
@@ -89,6 +109,10 @@ def _text_param_shapes(cfg: ModelConfig) -> Params:
   }
   if cfg.qkv_bias:
     layers.update(bq=(L, H, Dh), bk=(L, K, Dh), bv=(L, K, Dh))
+  if cfg.qk_norm:
+    layers.update(q_norm=(L, Dh), k_norm=(L, Dh))
+  if cfg.post_norms:
+    layers.update(post_attn_norm=(L, D), post_mlp_norm=(L, D))
   params = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
   if not cfg.tie_embeddings:
     params["lm_head"] = (D, V)
@@ -97,7 +121,8 @@ def _text_param_shapes(cfg: ModelConfig) -> Params:
 
 def init_params(cfg: ModelConfig, rng: jax.Array, std: float = 0.02
                 ) -> Params:
-  """Random init: normal(std) matrices, unit norms, zero biases. The
+  """Random init: normal(std) matrices, unit norms (scale norm_offset +
+  weight: weights 1 - norm_offset), zero biases. The
   language model's draws do not depend on whether a vision tower is there;
   the tower and projector draw from keys folded from `rng`."""
   params = _init_text_params(cfg, rng, std)
@@ -119,7 +144,7 @@ def _init_text_params(cfg: ModelConfig, rng: jax.Array, std: float
   for (path, shape), key in zip(flat, keys):
     name = jax.tree_util.keystr(path)
     if "norm" in name:
-      leaf = jnp.ones(shape, cfg.param_jnp_dtype)
+      leaf = jnp.full(shape, 1.0 - cfg.norm_offset, cfg.param_jnp_dtype)
     elif name.endswith("['bq']") or name.endswith("['bk']") or name.endswith(
         "['bv']"):
       leaf = jnp.zeros(shape, cfg.param_jnp_dtype)
@@ -152,48 +177,135 @@ def init_sharded(cfg: ModelConfig, seed: int, sharder: Sharder,
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
-  shape = (cfg.n_layers, batch, length, cfg.n_kv_heads, cfg.head_dim)
-  zeros = jnp.zeros(shape, cfg.compute_jnp_dtype)
-  return KVCache(k=zeros, v=zeros, lengths=jnp.zeros((batch,), jnp.int32))
+  """An empty cache of `length` entries per row (see `KVCache`)."""
+  dt = cfg.compute_jnp_dtype
+  lengths = jnp.zeros((batch,), jnp.int32)
+  n_full = cfg.layer_kinds.count(FULL)
+  # Without full layers the (empty) stack has no length either, as
+  # `from_decode_cache` rebuilds it.
+  zeros = jnp.zeros((n_full, batch, length if n_full else 0, cfg.n_kv_heads,
+                     cfg.head_dim), dt)
+  if not cfg.windowed:
+    return KVCache(k=zeros, v=zeros, lengths=lengths)
+  ring = jnp.zeros((cfg.n_layers - n_full, batch, ring_length(cfg, length),
+                    cfg.n_kv_heads, cfg.head_dim), dt)
+  return KVCache(k=zeros, v=zeros, lengths=lengths, local_k=ring,
+                 local_v=ring)
 
 
-def rms_norm(x_BxTxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
+def ring_length(cfg: ModelConfig, length: int) -> int:
+  """Entries of a sliding layer's ring in a cache of `length` entries."""
+  return min(cfg.sliding_window, length)
+
+
+def cache_shardings(cfg: ModelConfig, sharder: Sharder, batch: int,
+                    length: int, what: str = "KV cache") -> KVCache:
+  """NamedShardings of `init_cache(cfg, batch, length)`: rows over the
+  batch axes, kv heads over `tensor`; raises ShardingError naming `what`
+  when they cannot divide."""
+  cache = jax.eval_shape(lambda: init_cache(cfg, batch, length))
+  kv = lambda name, x: None if x is None else sharder.param_sharding(
+      f"{what}.{name}", x.shape, CACHE_LOGICAL)
+  return KVCache(k=kv("k", cache.k), v=kv("v", cache.v),
+                 lengths=sharder.param_sharding(f"{what}.lengths", (batch,),
+                                                ("batch",)),
+                 local_k=kv("local_k", cache.local_k),
+                 local_v=kv("local_v", cache.local_v))
+
+
+def rms_norm(x_BxTxD: jax.Array, scale_D: jax.Array, eps: float,
+             offset: float = 0.0) -> jax.Array:
+  """RMSNorm over the last axis, scaled by `offset + scale_D`: without an
+  offset in x's dtype (Llama), with one in float32 (Gemma)."""
   x32 = x_BxTxD.astype(jnp.float32)
   normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) +
                                eps)
-  scale = scale_D.astype(x_BxTxD.dtype).reshape((1,) * (x_BxTxD.ndim - 1) +
-                                                 scale_D.shape)
+  shape = (1,) * (x_BxTxD.ndim - 1) + scale_D.shape
+  if offset:
+    scale32 = offset + scale_D.astype(jnp.float32).reshape(shape)
+    return (normed * scale32).astype(x_BxTxD.dtype)
+  scale = scale_D.astype(x_BxTxD.dtype).reshape(shape)
   return normed.astype(x_BxTxD.dtype) * scale
 
 
-def rotary(x_BxTxNxDh: jax.Array, positions_BxT: jax.Array,
-           theta: float) -> jax.Array:
-  """Rotary embedding, split-halves convention (as Hugging Face Llama)."""
-  half = x_BxTxNxDh.shape[-1] // 2
-  freq = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) * 2 /
-                          x_BxTxNxDh.shape[-1]))
-  angle_BxTxHalf = positions_BxT.astype(jnp.float32)[..., None] * freq[
-      None, None, :]
-  cos = jnp.cos(angle_BxTxHalf)[:, :, None, :]
-  sin = jnp.sin(angle_BxTxHalf)[:, :, None, :]
-  x1 = x_BxTxNxDh[..., :half].astype(jnp.float32)
-  x2 = x_BxTxNxDh[..., half:].astype(jnp.float32)
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x_BxTxNxDh.dtype)
+def _norm(x, scale, cfg: ModelConfig) -> jax.Array:
+  return rms_norm(x, scale, cfg.norm_eps, cfg.norm_offset)
+
+
+def _attn_scale(cfg: ModelConfig) -> float | None:
+  """The attention scores' scale (None: 1 / sqrt(head_dim))."""
+  if cfg.query_pre_attn_scalar is None:
+    return None
+  return cfg.query_pre_attn_scalar ** -0.5
+
+
+# ---- attention kinds ------------------------------------------------------
+#
+# A layer's kind is `sliding`: a Python bool where it is known when tracing
+# (a model of one kind, unrolled layers) or a traced bool scalar (scanned
+# layers of a model with both kinds).
+
+
+def _rope_of_kind(cfg: ModelConfig, sliding: bool):
+  """(inverse frequencies, cos/sin scale or None) of one layer kind."""
+  if sliding:
+    theta = cfg.sliding_rope_theta or cfg.rope_theta
+    return rope.inv_frequencies(cfg.head_dim, theta), None
+  scaling = cfg.rope_scaling
+  return (rope.inv_frequencies(cfg.head_dim, cfg.rope_theta, scaling),
+          None if scaling is None else scaling.cos_sin_scale)
+
+
+def _rope(cfg: ModelConfig, sliding):
+  if isinstance(sliding, bool):
+    return _rope_of_kind(cfg, sliding)
+  (f_s, c_s), (f_f, c_f) = _rope_of_kind(cfg, True), _rope_of_kind(cfg,
+                                                                   False)
+  scale = None
+  if c_s is not None or c_f is not None:
+    scale = jnp.where(sliding, c_s or 1.0, c_f or 1.0)
+  return jnp.where(sliding, f_s, f_f), scale
+
+
+def _scanned_kinds(cfg: ModelConfig):
+  """The kind of every layer as the scan over layers sees it: one Python
+  bool for a model of one kind, else a per-layer bool array to scan."""
+  kinds = cfg.layer_kinds
+  if len(set(kinds)) == 1:
+    return kinds[0] == SLIDING
+  return jnp.asarray([k == SLIDING for k in kinds])
+
+
+def _self_attend(q, k, v, segment_ids_BxT, cfg: ModelConfig,
+                 sharder: Sharder | None, sliding) -> jax.Array:
+  """`attention.self_attention` with the layer kind's window."""
+
+  def attend(window):
+    return attention.self_attention(
+        q, k, v, segment_ids_BxT, impl=cfg.attention,
+        block=cfg.attention_block, sharder=sharder, window=window,
+        scale=_attn_scale(cfg))
+
+  if isinstance(sliding, bool):
+    out = attend(cfg.sliding_window if sliding else None)
+  else:
+    out = jax.lax.cond(sliding, lambda: attend(cfg.sliding_window),
+                       lambda: attend(None))
+  return constrain(sharder, out, ("batch", "act_length", "heads", "head_dim"))
 
 
 def _attend(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS, cfg: ModelConfig,
             sharder: Sharder | None) -> jax.Array:
-  del cfg
-  out = attention.dense(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS)
+  out = attention.dense(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS,
+                        _attn_scale(cfg))
   return constrain(sharder, out, ("batch", "length", "heads", "head_dim"))
 
 
 def _qkv(x_BxTxD, lp: Params, positions_BxT, cfg: ModelConfig,
-         sharder: Sharder | None):
+         sharder: Sharder | None, sliding=False):
   """Pre-norm query, key and value projections with rotary embeddings."""
   dt = cfg.compute_jnp_dtype
-  h = rms_norm(x_BxTxD, lp["attn_norm"], cfg.norm_eps)
+  h = _norm(x_BxTxD, lp["attn_norm"], cfg)
   q = project("btd,dhk->bthk", h, lp["wq"].astype(dt))
   k = project("btd,dhk->bthk", h, lp["wk"].astype(dt))
   v = project("btd,dhk->bthk", h, lp["wv"].astype(dt))
@@ -201,41 +313,60 @@ def _qkv(x_BxTxD, lp: Params, positions_BxT, cfg: ModelConfig,
     q = q + lp["bq"].astype(dt)[None, None]
     k = k + lp["bk"].astype(dt)[None, None]
     v = v + lp["bv"].astype(dt)[None, None]
-  q = constrain(sharder, rotary(q, positions_BxT, cfg.rope_theta),
+  if cfg.qk_norm:
+    q = _norm(q, lp["q_norm"], cfg)
+    k = _norm(k, lp["k_norm"], cfg)
+  inv_freq, cos_sin_scale = _rope(cfg, sliding)
+  q = constrain(sharder, rope.apply(q, positions_BxT, inv_freq,
+                                    cos_sin_scale),
                 ("batch", "act_length", "heads", "head_dim"))
-  k = constrain(sharder, rotary(k, positions_BxT, cfg.rope_theta),
+  k = constrain(sharder, rope.apply(k, positions_BxT, inv_freq,
+                                    cos_sin_scale),
                 ("batch", "act_length", "kv_heads", "head_dim"))
   v = constrain(sharder, v, ("batch", "act_length", "kv_heads", "head_dim"))
   return q, k, v
 
 
+def _gate(gate_BxTxF: jax.Array, cfg: ModelConfig) -> jax.Array:
+  if cfg.mlp_activation == "gelu_tanh":
+    return jax.nn.gelu(gate_BxTxF, approximate=True)
+  return jax.nn.silu(gate_BxTxF)
+
+
 def _residual_and_mlp(x_BxTxD, attn_BxTxHxDh, lp: Params, cfg: ModelConfig,
                       sharder: Sharder | None) -> jax.Array:
-  """The attention output projection and residual, then the SwiGLU MLP."""
+  """The attention output projection and residual, then the gated MLP
+  (each branch output normed first with `cfg.post_norms`)."""
   dt = cfg.compute_jnp_dtype
-  x_BxTxD = x_BxTxD + project("bthk,hkd->btd", attn_BxTxHxDh,
-                               lp["wo"].astype(dt))
-  x_BxTxD = constrain(sharder, x_BxTxD, ("batch", "act_length", "act_embed"))
-  h = rms_norm(x_BxTxD, lp["mlp_norm"], cfg.norm_eps)
+  out = project("bthk,hkd->btd", attn_BxTxHxDh, lp["wo"].astype(dt))
+  if cfg.post_norms:
+    out = _norm(out, lp["post_attn_norm"], cfg)
+  x_BxTxD = constrain(sharder, x_BxTxD + out,
+                      ("batch", "act_length", "act_embed"))
+  h = _norm(x_BxTxD, lp["mlp_norm"], cfg)
   gate = project("btd,df->btf", h, lp["w_gate"].astype(dt))
   up = project("btd,df->btf", h, lp["w_up"].astype(dt))
-  act = constrain(sharder, jax.nn.silu(gate) * up,
+  act = constrain(sharder, _gate(gate, cfg) * up,
                   ("batch", "act_length", "mlp"))
-  x_BxTxD = x_BxTxD + project("btf,fd->btd", act, lp["w_down"].astype(dt))
-  return constrain(sharder, x_BxTxD, ("batch", "act_length", "act_embed"))
+  out = project("btf,fd->btd", act, lp["w_down"].astype(dt))
+  if cfg.post_norms:
+    out = _norm(out, lp["post_mlp_norm"], cfg)
+  return constrain(sharder, x_BxTxD + out, ("batch", "act_length", "act_embed"))
 
 
 def _layer(x_BxTxD, lp: Params, positions_BxT, mask_BxTxS, cache_kv,
            write_idx_BxT, cfg: ModelConfig, sharder: Sharder | None,
-           segment_ids_BxT=None):
+           segment_ids_BxT=None, sliding=False, return_kv=False):
   """One pre-norm block. `cache_kv` is (k_BxSxKxDh, v_BxSxKxDh) or None.
 
   `mask_BxTxS` None: the new tokens attend only to each other (training, or
   a prefill into an empty cache) with `cfg.attention` over `segment_ids_BxT`;
-  otherwise densely over the cache under that mask."""
-  q, k, v = _qkv(x_BxTxD, lp, positions_BxT, cfg, sharder)
+  otherwise densely over the cache under that mask. Without a cache the
+  block returns its new keys and values when `return_kv`."""
+  q, k, v = _qkv(x_BxTxD, lp, positions_BxT, cfg, sharder, sliding)
   if cache_kv is None:
-    keys, values, new_kv = k, v, None
+    keys, values = k, v
+    new_kv = (k, v) if return_kv else None
   else:
     ck, cv = cache_kv
     rows = jnp.arange(ck.shape[0])[:, None]
@@ -245,10 +376,7 @@ def _layer(x_BxTxD, lp: Params, positions_BxT, mask_BxTxS, cache_kv,
     values = cv.at[rows, write_idx_BxT].set(v.astype(cv.dtype), mode="drop")
     new_kv = (keys, values)
   if mask_BxTxS is None:
-    attn = constrain(sharder, attention.self_attention(
-        q, k, v, segment_ids_BxT, impl=cfg.attention,
-        block=cfg.attention_block, sharder=sharder),
-                     ("batch", "act_length", "heads", "head_dim"))
+    attn = _self_attend(q, k, v, segment_ids_BxT, cfg, sharder, sliding)
   else:
     attn = _attend(q, keys, values, mask_BxTxS, cfg, sharder)
   return _residual_and_mlp(x_BxTxD, attn, lp, cfg, sharder), new_kv
@@ -260,13 +388,21 @@ def _cached_mask(lengths_B: jax.Array, T: int, S: int) -> jax.Array:
   return jnp.arange(S)[None, None, :] <= q_idx_BxT[:, :, None]
 
 
+def _embed_tokens(params: Params, tokens_BxT: jax.Array,
+                  cfg: ModelConfig) -> jax.Array:
+  dt = cfg.compute_jnp_dtype
+  x = jnp.take(params["embed"], tokens_BxT, axis=0).astype(dt)
+  if cfg.embed_scale:
+    x = x * jnp.asarray(math.sqrt(cfg.d_model), dt)
+  return x
+
+
 def embed_inputs(params: Params, tokens_BxT: jax.Array, *, cfg: ModelConfig,
                  images: merge.RowImages | None = None,
                  sharder: Sharder | None = None) -> jax.Array:
   """Input embeddings x_BxTxD: the token embeddings, and with `images` (a
   model with a vision tower) each image's embeddings at its placeholders."""
-  dt = cfg.compute_jnp_dtype
-  x = jnp.take(params["embed"], tokens_BxT, axis=0).astype(dt)
+  x = _embed_tokens(params, tokens_BxT, cfg)
   if images is not None:
     if cfg.vision is None:
       raise ValueError("images given to a model without model.vision")
@@ -298,11 +434,19 @@ def hidden_states(params: Params, tokens_BxT: jax.Array,
   `lengths` grows by the number of real tokens. `prefill=True` promises the
   cache is empty (lengths 0): the new tokens then attend only to each other
   with `cfg.attention` too, so a long prefill does not build T x S either.
+  A windowed model's sliding layers keep the last R real tokens of a row
+  in their rings (see `KVCache`); over a non-empty cache its layers run
+  unrolled (their caches differ in length).
   images: the rows' images (see `embed_inputs`); None for text only.
   """
   B, T = tokens_BxT.shape
   x = embed_inputs(params, tokens_BxT, cfg=cfg, images=images,
                    sharder=sharder)
+  if cache is not None and cfg.windowed:
+    run = _windowed_prefill if prefill else _windowed_cached
+    x, cache = run(params, x, positions_BxT, segment_ids_BxT, cache, cfg,
+                   sharder)
+    return _norm(x, params["final_norm"], cfg), cache
   if cache is None:
     mask = write_idx = xs_cache = None
   else:
@@ -310,25 +454,154 @@ def hidden_states(params: Params, tokens_BxT: jax.Array,
     mask = None if prefill else _cached_mask(cache.lengths, T, S)
     write_idx = cache.lengths[:, None] + jnp.arange(T)[None, :]
     xs_cache = (cache.k, cache.v)
+  kinds = _scanned_kinds(cfg)
+  scanned = not isinstance(kinds, bool)
 
-  def body(x_BxTxD, xs):
-    lp, kv = xs
-    return _layer(x_BxTxD, lp, positions_BxT, mask, kv, write_idx, cfg,
-                  sharder, segment_ids_BxT)
+  def layer_fn(sliding):
+    """The block of a static kind, or (None) of the kind scanned in xs."""
+    def body(x_BxTxD, xs):
+      lp, kv, flag = xs
+      return _layer(x_BxTxD, lp, positions_BxT, mask, kv, write_idx, cfg,
+                    sharder, segment_ids_BxT,
+                    flag if sliding is None else sliding)
+    return jax.checkpoint(body, prevent_cse=False) if cfg.remat else body
 
-  if cfg.remat:
-    body = jax.checkpoint(body, prevent_cse=False)
   if cache is None and not cfg.scan_layers:
-    for i in range(cfg.n_layers):
-      x, _ = body(x, (jax.tree.map(lambda a: a[i], params["layers"]), None))
+    for i, kind in enumerate(cfg.layer_kinds):
+      lp = jax.tree.map(lambda a, i=i: a[i], params["layers"])
+      x, _ = layer_fn(kind == SLIDING)(x, (lp, None, None))
     new_kv = None
   else:
-    x, new_kv = jax.lax.scan(body, x, (params["layers"], xs_cache))
-  x = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    x, new_kv = jax.lax.scan(layer_fn(None if scanned else kinds), x,
+                             (params["layers"], xs_cache,
+                              kinds if scanned else None))
+  x = _norm(x, params["final_norm"], cfg)
   if cache is None:
     return x, None
   n_new_B = jnp.sum(segment_ids_BxT != 0, axis=1).astype(jnp.int32)
   return x, KVCache(k=new_kv[0], v=new_kv[1], lengths=cache.lengths + n_new_B)
+
+
+# ---- caches of sliding-window models -----------------------------------------
+
+
+def _layer_groups(cfg: ModelConfig) -> tuple[list[int], list[int]]:
+  """Indices of the full-attention and of the sliding layers."""
+  kinds = cfg.layer_kinds
+  return ([i for i, k in enumerate(kinds) if k == FULL],
+          [i for i, k in enumerate(kinds) if k == SLIDING])
+
+
+def _ring_index(lengths_B: jax.Array, n_new_B: jax.Array, T: int,
+                R: int) -> jax.Array:
+  """Ring entry of each of T new tokens (cache index c at c % R), R (out of
+  range: dropped) for padding and for tokens that later new tokens of
+  the row overwrite."""
+  t_T = jnp.arange(T)
+  keep = ((t_T[None, :] < n_new_B[:, None]) &
+          (t_T[None, :] >= n_new_B[:, None] - R))
+  return jnp.where(keep, (lengths_B[:, None] + t_T[None, :]) % R, R)
+
+
+def _ring_mask(lengths_B: jax.Array, T: int, R: int, window: int
+               ) -> jax.Array:
+  """Mask B x T x (R + T) of T new queries over a ring (before their
+  writes) followed by the new keys: entry j holds the latest cache index
+  below lengths_B congruent to j mod R (none when negative)."""
+  last_B1 = lengths_B[:, None] - 1
+  held_BxR = last_B1 - (last_B1 - jnp.arange(R)[None, :]) % R
+  q_BxT = lengths_B[:, None] + jnp.arange(T)[None, :]
+  ring = ((held_BxR[:, None, :] >= 0) &
+          (held_BxR[:, None, :] > q_BxT[:, :, None] - window))
+  t = jnp.arange(T)
+  new_TxT = (t[None, :] <= t[:, None]) & (t[:, None] - t[None, :] < window)
+  return jnp.concatenate(
+      [ring, jnp.broadcast_to(new_TxT[None], (lengths_B.shape[0], T, T))],
+      axis=-1)
+
+
+def _stack_or(arrays: list[jax.Array], empty: jax.Array) -> jax.Array:
+  return jnp.stack(arrays) if arrays else empty
+
+
+def _windowed_prefill(params, x_BxTxD, positions_BxT, segment_ids_BxT,
+                      cache: KVCache, cfg: ModelConfig,
+                      sharder: Sharder | None):
+  """`hidden_states` with `prefill=True` for a windowed model: the scan
+  returns every layer's keys and values, which then fill the full layers'
+  cache and the last R real tokens of the sliding layers' rings."""
+  B, T = segment_ids_BxT.shape
+  kinds = _scanned_kinds(cfg)
+  scanned = not isinstance(kinds, bool)
+
+  def body(x, xs):
+    lp, sliding = xs
+    return _layer(x, lp, positions_BxT, None, None, None, cfg, sharder,
+                  segment_ids_BxT, sliding if scanned else kinds,
+                  return_kv=True)
+
+  if cfg.remat:
+    body = jax.checkpoint(body, prevent_cse=False)
+  x, (k_L, v_L) = jax.lax.scan(body, x_BxTxD, (params["layers"],
+                                               kinds if scanned else None))
+  full, local = _layer_groups(cfg)
+  rows = jnp.arange(B)[:, None]
+  n_new_B = jnp.sum(segment_ids_BxT != 0, axis=1).astype(jnp.int32)
+  write_idx = cache.lengths[:, None] + jnp.arange(T)[None, :]
+  ring_idx = _ring_index(cache.lengths, n_new_B, T, cache.local_k.shape[2])
+  put = lambda c, new, idx: c.at[:, rows, idx].set(new.astype(c.dtype),
+                                                    mode="drop")
+  full, local = jnp.asarray(full, jnp.int32), jnp.asarray(local, jnp.int32)
+  return x, KVCache(
+      k=put(cache.k, k_L[full], write_idx), v=put(cache.v, v_L[full],
+                                                  write_idx),
+      lengths=cache.lengths + n_new_B,
+      local_k=put(cache.local_k, k_L[local], ring_idx),
+      local_v=put(cache.local_v, v_L[local], ring_idx))
+
+
+def _windowed_cached(params, x_BxTxD, positions_BxT, segment_ids_BxT,
+                     cache: KVCache, cfg: ModelConfig,
+                     sharder: Sharder | None):
+  """`hidden_states` over a non-empty cache for a windowed model, layers
+  unrolled (their caches differ in length): full layers as for any model,
+  sliding layers over their ring followed by the new keys, whose last R
+  real ones then enter the ring."""
+  B, T = segment_ids_BxT.shape
+  lengths = cache.lengths
+  n_new_B = jnp.sum(segment_ids_BxT != 0, axis=1).astype(jnp.int32)
+  full_mask = _cached_mask(lengths, T, cache.k.shape[2])
+  write_idx = lengths[:, None] + jnp.arange(T)[None, :]
+  R = cache.local_k.shape[2]
+  ring_mask = _ring_mask(lengths, T, R, cfg.sliding_window)
+  ring_idx = _ring_index(lengths, n_new_B, T, R)
+  rows = jnp.arange(B)[:, None]
+  out = {"k": [], "v": [], "local_k": [], "local_v": []}
+  n_full = 0
+  for i, kind in enumerate(cfg.layer_kinds):
+    lp = jax.tree.map(lambda a, i=i: a[i], params["layers"])
+    if kind == FULL:
+      x_BxTxD, (k, v) = _layer(
+          x_BxTxD, lp, positions_BxT, full_mask,
+          (cache.k[n_full], cache.v[n_full]), write_idx, cfg, sharder)
+      out["k"].append(k)
+      out["v"].append(v)
+      n_full += 1
+      continue
+    j = i - n_full
+    ring_k, ring_v = cache.local_k[j], cache.local_v[j]
+    q, k, v = _qkv(x_BxTxD, lp, positions_BxT, cfg, sharder, True)
+    k, v = k.astype(ring_k.dtype), v.astype(ring_v.dtype)
+    attn = _attend(q, jnp.concatenate([ring_k, k], axis=1),
+                   jnp.concatenate([ring_v, v], axis=1), ring_mask, cfg,
+                   sharder)
+    x_BxTxD = _residual_and_mlp(x_BxTxD, attn, lp, cfg, sharder)
+    out["local_k"].append(ring_k.at[rows, ring_idx].set(k, mode="drop"))
+    out["local_v"].append(ring_v.at[rows, ring_idx].set(v, mode="drop"))
+  return x_BxTxD, KVCache(
+      k=_stack_or(out["k"], cache.k), v=_stack_or(out["v"], cache.v),
+      lengths=lengths + n_new_B, local_k=jnp.stack(out["local_k"]),
+      local_v=jnp.stack(out["local_v"]))
 
 
 def unembed(params: Params, x_BxTxD: jax.Array, *, cfg: ModelConfig,
@@ -341,6 +614,9 @@ def unembed(params: Params, x_BxTxD: jax.Array, *, cfg: ModelConfig,
   else:
     logits = jnp.einsum("btd,dv->btv", x_BxTxD, params["lm_head"].astype(dt),
                         preferred_element_type=jnp.float32)
+  if cfg.final_logit_softcap is not None:
+    cap = jnp.float32(cfg.final_logit_softcap)
+    logits = jnp.tanh(logits / cap) * cap
   return constrain(sharder, logits, ("batch", "act_length", "vocab"))
 
 
@@ -383,11 +659,15 @@ def token_logprobs(logits_BxTxV: jax.Array, targets_BxT: jax.Array
 class DecodeCache(NamedTuple):
   """Per-layer caches as decoding reads them.
 
-  k[l]: keys, (B, K, S, Dh); vt[l]: values transposed, (B, K, Dh, S).
+  k[l]: keys, (B, K, S, Dh); vt[l]: values transposed, (B, K, Dh, S), of
+  the full-attention layers; local_k, local_vt: the same of the sliding
+  layers' rings (S = R; None for a model without them).
   """
 
   k: list[jax.Array]
   vt: list[jax.Array]
+  local_k: list[jax.Array] | None = None
+  local_vt: list[jax.Array] | None = None
 
 
 class DecodeParams(NamedTuple):
@@ -412,16 +692,28 @@ def split_layers(stacked: Any) -> list[Any]:
 
 def to_decode_cache(cache: KVCache) -> DecodeCache:
   """KVCache's (L, B, S, K, Dh) arrays as per-layer decode layouts."""
-  return DecodeCache(
-      k=[k.transpose(0, 2, 1, 3) for k in split_layers(cache.k)],
-      vt=[v.transpose(0, 2, 3, 1) for v in split_layers(cache.v)])
+  keys = lambda x: [k.transpose(0, 2, 1, 3) for k in split_layers(x)]
+  values_t = lambda x: [v.transpose(0, 2, 3, 1) for v in split_layers(x)]
+  if cache.local_k is None:
+    return DecodeCache(k=keys(cache.k), vt=values_t(cache.v))
+  return DecodeCache(k=keys(cache.k), vt=values_t(cache.v),
+                     local_k=keys(cache.local_k),
+                     local_vt=values_t(cache.local_v))
 
 
 def from_decode_cache(cache: DecodeCache, lengths_B: jax.Array) -> KVCache:
   """The inverse of `to_decode_cache`."""
-  return KVCache(k=jnp.stack([k.transpose(0, 2, 1, 3) for k in cache.k]),
-                 v=jnp.stack([v.transpose(0, 3, 1, 2) for v in cache.vt]),
-                 lengths=lengths_B)
+  if cache.local_k is None:
+    return KVCache(k=jnp.stack([k.transpose(0, 2, 1, 3) for k in cache.k]),
+                   v=jnp.stack([v.transpose(0, 3, 1, 2) for v in cache.vt]),
+                   lengths=lengths_B)
+  B, K, _, Dh = cache.local_k[0].shape
+  empty = jnp.zeros((0, B, 0, K, Dh), cache.local_k[0].dtype)
+  keys = lambda ks: _stack_or([k.transpose(0, 2, 1, 3) for k in ks], empty)
+  values = lambda vts: _stack_or([v.transpose(0, 3, 1, 2) for v in vts],
+                                 empty)
+  return KVCache(k=keys(cache.k), v=values(cache.vt), lengths=lengths_B,
+                 local_k=keys(cache.local_k), local_v=values(cache.local_vt))
 
 
 def _decode_attend(q_Bx1xHxDh, k_BxKxSxDh, vt_BxKxDhxS, mask_Bx1xS,
@@ -430,10 +722,11 @@ def _decode_attend(q_Bx1xHxDh, k_BxKxSxDh, vt_BxKxDhxS, mask_Bx1xS,
   B, T, H, Dh = q_Bx1xHxDh.shape
   K = cfg.n_kv_heads
   q_BxTxKxGxDh = q_Bx1xHxDh.reshape(B, T, K, H // K, Dh)
-  scores = jnp.einsum("btkgd,bksd->bkgts", q_BxTxKxGxDh, k_BxKxSxDh,
-                      preferred_element_type=jnp.float32) / jnp.sqrt(
-                          jnp.float32(Dh))
-  scores = jnp.where(mask_Bx1xS[:, None, None, :, :], scores, attention.MASK_VALUE)
+  scores = attention.scale_scores(
+      jnp.einsum("btkgd,bksd->bkgts", q_BxTxKxGxDh, k_BxKxSxDh,
+                 preferred_element_type=jnp.float32), Dh, _attn_scale(cfg))
+  scores = jnp.where(mask_Bx1xS[:, None, None, :, :], scores,
+                     attention.MASK_VALUE)
   probs = jax.nn.softmax(scores, axis=-1).astype(vt_BxKxDhxS.dtype)
   out = jnp.einsum("bkgts,bkds->btkgd", probs, vt_BxKxDhxS)
   out = out.reshape(B, T, H, Dh)
@@ -442,11 +735,14 @@ def _decode_attend(q_Bx1xHxDh, k_BxKxSxDh, vt_BxKxDhxS, mask_Bx1xS,
 
 def _decode_layer(x_Bx1xD, lp: Params, positions_Bx1, mask_Bx1xS,
                   k_BxKxSxDh, vt_BxKxDhxS, cfg: ModelConfig,
-                  sharder: Sharder | None):
-  """`_layer` for one new token per row, writing it into the decode cache."""
-  q, k, v = _qkv(x_Bx1xD, lp, positions_Bx1, cfg, sharder)
+                  sharder: Sharder | None, sliding: bool = False):
+  """`_layer` for one new token per row, writing it into the decode cache
+  (a sliding layer's ring: at position mod its length)."""
+  q, k, v = _qkv(x_Bx1xD, lp, positions_Bx1, cfg, sharder, sliding)
   rows_B = jnp.arange(x_Bx1xD.shape[0])
   pos_B = positions_Bx1[:, 0]
+  if sliding:
+    pos_B = pos_B % k_BxKxSxDh.shape[2]
   # mode="drop": a write past the end of the cache is discarded.
   k_BxKxSxDh = k_BxKxSxDh.at[rows_B, :, pos_B].set(
       k[:, 0].astype(k_BxKxSxDh.dtype), mode="drop")
@@ -465,22 +761,34 @@ def decode_step(params: DecodeParams, tokens_B: jax.Array,
 
   params: `to_decode_params(params)`. Slot b's token goes to position
   lengths_B[b] and attends to positions 0..lengths_B[b]; the caller advances
-  the lengths of the slots that hold a sequence. Returns logits_Bx1xV
-  (float32).
+  the lengths of the slots that hold a sequence. A sliding layer's token
+  goes to its ring (see `KVCache`) and attends to every ring entry written
+  so far: the ring holds the last R <= sliding_window positions. Returns
+  logits_Bx1xV (float32).
   """
-  dt = cfg.compute_jnp_dtype
-  S = cache.k[0].shape[2]
   layers, params = params.layers, params.top
   positions_Bx1 = lengths_B[:, None]
-  x = jnp.take(params["embed"], tokens_B[:, None], axis=0).astype(dt)
+  x = _embed_tokens(params, tokens_B[:, None], cfg)
   x = constrain(sharder, x, ("batch", "length", "act_embed"))
-  mask_Bx1xS = _cached_mask(lengths_B, 1, S)
-  ks, vts = [], []
-  for lp, k, vt in zip(layers, cache.k, cache.vt):
-    x, k, vt = _decode_layer(x, lp, positions_Bx1, mask_Bx1xS, k, vt, cfg,
-                             sharder)
-    ks.append(k)
-    vts.append(vt)
-  x = rms_norm(x, params["final_norm"], cfg.norm_eps)
-  return unembed(params, x, cfg=cfg, sharder=sharder), DecodeCache(k=ks,
-                                                                   vt=vts)
+  masks = {}
+  if cache.k:
+    masks[False] = _cached_mask(lengths_B, 1, cache.k[0].shape[2])
+  if cache.local_k:
+    masks[True] = _cached_mask(lengths_B, 1, cache.local_k[0].shape[2])
+  caches = {False: iter(zip(cache.k, cache.vt)),
+            True: iter(zip(cache.local_k or (), cache.local_vt or ()))}
+  out = {False: ([], []), True: ([], [])}
+  for lp, kind in zip(layers, cfg.layer_kinds):
+    sliding = kind == SLIDING
+    k, vt = next(caches[sliding])
+    x, k, vt = _decode_layer(x, lp, positions_Bx1, masks[sliding], k, vt,
+                             cfg, sharder, sliding)
+    out[sliding][0].append(k)
+    out[sliding][1].append(vt)
+  x = _norm(x, params["final_norm"], cfg)
+  if cache.local_k is None:
+    new_cache = DecodeCache(k=out[False][0], vt=out[False][1])
+  else:
+    new_cache = DecodeCache(k=out[False][0], vt=out[False][1],
+                            local_k=out[True][0], local_vt=out[True][1])
+  return unembed(params, x, cfg=cfg, sharder=sharder), new_cache

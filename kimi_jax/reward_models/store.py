@@ -47,7 +47,8 @@ RM_FILE = "rm.json"
 KINDS = ("value", "cot")
 HEAD_FILE = "value_head.safetensors"
 _CLASSIFIERS = {hf.QWEN2: "Qwen2ForSequenceClassification",
-                hf.LLAMA: "LlamaForSequenceClassification"}
+                hf.LLAMA: "LlamaForSequenceClassification",
+                hf.QWEN3: "Qwen3ForSequenceClassification"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +176,11 @@ def export_value_hf(rm: RewardModel, out: str) -> None:
   config_path = os.path.join(out, hf.CONFIG_FILE)
   with open(config_path) as f:
     config = json.load(f)
-  config["architectures"] = [_CLASSIFIERS[config["architectures"][0]]]
+  arch = config["architectures"][0]
+  if arch not in _CLASSIFIERS:
+    raise ValueError(f"{out}: no Hugging Face classifier export for a "
+                     f"{arch} reward model (known: {sorted(_CLASSIFIERS)})")
+  config["architectures"] = [_CLASSIFIERS[arch]]
   config["num_labels"] = 1
   config["id2label"] = {"0": "LABEL_0"}
   config["label2id"] = {"LABEL_0": 0}

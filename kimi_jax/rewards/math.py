@@ -21,7 +21,8 @@ from typing import Any, Mapping, Sequence
 from kimi_jax.rewards.base import RewardResult
 from kimi_jax.rewards.math_extract import (DEFAULT_ANSWER_PATTERNS,
                                            DEFAULT_BOXED_COMMANDS,
-                                           extract_answer, extract_boxed)
+                                           after_thinking, extract_answer,
+                                           extract_boxed)
 from kimi_jax.rewards.math_policy import CheckOptions
 from kimi_jax.rewards.verify_pool import PoolConfig, VerifyPool
 
@@ -40,7 +41,9 @@ class MathRewardConfig:
   memory_limit_mb: address-space cap of each worker (None: no cap), so a
     runaway sympy computation fails with MemoryError instead of eating the host.
   max_response_chars: only the last this many characters of a response are
-    searched (the final answer sits at the end).
+    searched (the final answer sits at the end), after its thinking block
+    if it has one (`math_extract.after_thinking`: a boxed value inside
+    `<think>...</think>` is a step, not the answer).
   max_answer_chars: an extracted or reference answer longer than this scores
     incorrect without being parsed.
   boxed_commands: LaTeX commands whose argument is the answer; the last one
@@ -105,7 +108,7 @@ class MathReward:
       raise KeyError(f"math record {record.get('id')!r} has no 'answer'")
     if not isinstance(response, str):
       raise TypeError(f"response must be a string, got {type(response)}")
-    tail = response[-self.config.max_response_chars:]
+    tail = after_thinking(response)[-self.config.max_response_chars:]
     return str(record["answer"]), tail, self._options
 
   def __call__(self, record: Mapping[str, Any], response: str) -> RewardResult:

@@ -90,6 +90,21 @@ def clean_answer(answer: str) -> str:
   return _strip_period(answer)
 
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def after_thinking(response: str) -> str:
+  """The part of a response its final answer may come from: what follows
+  the last `</think>` (a reasoning model's thinking block; the template may
+  have opened it in the prompt, as DeepSeek-R1's does). A response that
+  opens a block and never closes it stopped mid-thought: it has no answer
+  (""). A response without thinking tags is returned whole."""
+  end = response.rfind(THINK_CLOSE)
+  if end >= 0:
+    return response[end + len(THINK_CLOSE):]
+  return "" if THINK_OPEN in response else response
+
+
 def extract_answer(response: str,
                    boxed_commands: Sequence[str] = DEFAULT_BOXED_COMMANDS,
                    answer_patterns: Sequence[str] = DEFAULT_ANSWER_PATTERNS

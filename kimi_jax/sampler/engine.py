@@ -160,9 +160,11 @@ class Prefix(NamedTuple):
   insert into slots.
 
   k, v: cache entries, (L, N, bucket, K, Dh); entries past a row's `length`
-  are padding. token/logprob: each row's first sampled token and its
-  log-prob. index: response index of the token after `token`. Every field
-  but k and v has a leading N; rows past the real sequences are padding.
+  are padding. local_k, local_v: a sliding-window model's rings (see
+  `transformer.KVCache`; None otherwise). token/logprob: each row's first
+  sampled token and its log-prob. index: response index of the token after
+  `token`. Every field but the caches has a leading N; rows past the real
+  sequences are padding.
   """
 
   k: jax.Array
@@ -172,6 +174,8 @@ class Prefix(NamedTuple):
   logprob: jax.Array
   index: jax.Array
   sampling: SlotSampling
+  local_k: jax.Array | None = None
+  local_v: jax.Array | None = None
 
 
 class Engine:
@@ -254,11 +258,11 @@ class Engine:
       device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
       return jax.tree_util.tree_map(lambda _: device, abstract)
     s = self.sharder
-    cache_sh = s.param_sharding("decode_state.cache.k", abstract.cache.k.shape,
-                                transformer.CACHE_LOGICAL)
+    cache = transformer.cache_shardings(self.cfg, s,
+                                        self.max_concurrent_decodes,
+                                        self.cache_len, "decode_state.cache")
     slot_sh = s.param_sharding("decode_state slots", (self.max_concurrent_decodes,),
                                ("batch",))
-    cache = transformer.KVCache(k=cache_sh, v=cache_sh, lengths=slot_sh)
     return DecodeState(cache=cache, tokens=slot_sh, index=slot_sh,
                        active=slot_sh,
                        sampling=SlotSampling(*([slot_sh] * 5)))
@@ -564,22 +568,31 @@ class Engine:
     tokens_N, logprobs_N = self._replicated(
         sample_tokens(last_NxV, sampling_N, first_N, self._never))
     return Prefix(k=cache.k, v=cache.v, length=lengths_N, token=tokens_N,
-                  logprob=logprobs_N, index=first_N + 1, sampling=sampling_N)
+                  logprob=logprobs_N, index=first_N + 1, sampling=sampling_N,
+                  local_k=cache.local_k, local_v=cache.local_v)
 
   def _insert_batch_fn(self, prefix: Prefix, state: DecodeState, slots_N
                        ) -> DecodeState:
     """Scatters row i into slot slots_N[i]; out-of-range slots (padding,
-    skipped rows) are dropped. The prefix covers cache entries [0, bucket)."""
+    skipped rows) are dropped. The prefix covers cache entries [0, bucket)
+    (ring entries [0, min(window, bucket)): positions below the bucket sit
+    where the slot's ring keeps them)."""
     self._traces["insert_batch"] += 1
-    T = prefix.k.shape[2]
 
     def put(cur_B, new_N):
       return cur_B.at[slots_N].set(new_N, mode="drop")
 
+    def put_kv(cur_LxBxS, new_LxNxT):
+      if cur_LxBxS is None:
+        return None
+      T = new_LxNxT.shape[2]
+      return cur_LxBxS.at[:, slots_N, :T].set(new_LxNxT, mode="drop")
+
     cache = transformer.KVCache(
-        k=state.cache.k.at[:, slots_N, :T].set(prefix.k, mode="drop"),
-        v=state.cache.v.at[:, slots_N, :T].set(prefix.v, mode="drop"),
-        lengths=put(state.cache.lengths, prefix.length))
+        k=put_kv(state.cache.k, prefix.k), v=put_kv(state.cache.v, prefix.v),
+        lengths=put(state.cache.lengths, prefix.length),
+        local_k=put_kv(state.cache.local_k, prefix.local_k),
+        local_v=put_kv(state.cache.local_v, prefix.local_v))
     return DecodeState(
         cache=cache, tokens=put(state.tokens, prefix.token),
         index=put(state.index, prefix.index),
