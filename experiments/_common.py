@@ -1,4 +1,5 @@
-"""Shared layout of the Qwen2.5 long-CoT RL experiments.
+"""Shared layout of the long-CoT RL experiments on open checkpoints
+(Qwen2.5, Qwen3, Llama 3.1, Gemma 3).
 
 Not an experiment itself (the leading underscore keeps it out of the
 experiment list).
@@ -16,28 +17,19 @@ these for its vanilla SFT, and no learning rate for the long-CoT warm-up of
 
 from __future__ import annotations
 
+from typing import Any
+
 import ml_collections
 
 from experiments import tiny
 
 
-def qwen2_5_model(*, vocab_size: int, d_model: int, n_layers: int,
-                  n_heads: int, n_kv_heads: int, mlp_dim: int,
-                  tie_embeddings: bool, max_seq_len: int
+def model_section(*, max_seq_len: int, **architecture: Any
                   ) -> ml_collections.ConfigDict:
-  """A Qwen2.5 model section: the family's fixed choices plus the sizes."""
+  """A model section: `architecture` (ModelConfig fields: sizes and family
+  features) plus the run settings every full-size experiment shares."""
   return ml_collections.ConfigDict(dict(
-      vocab_size=vocab_size,
-      d_model=d_model,
-      n_layers=n_layers,
-      n_heads=n_heads,
-      n_kv_heads=n_kv_heads,
-      head_dim=128,
-      mlp_dim=mlp_dim,
-      rope_theta=1_000_000.0,
-      norm_eps=1e-6,
-      tie_embeddings=tie_embeddings,
-      qkv_bias=True,
+      **architecture,
       max_seq_len=max_seq_len,
       param_dtype="bfloat16",
       compute_dtype="bfloat16",
@@ -50,6 +42,18 @@ def qwen2_5_model(*, vocab_size: int, d_model: int, n_layers: int,
       attention_block=512,
       logprob_chunk=1024,
   ))
+
+
+def qwen2_5_model(*, vocab_size: int, d_model: int, n_layers: int,
+                  n_heads: int, n_kv_heads: int, mlp_dim: int,
+                  tie_embeddings: bool, max_seq_len: int
+                  ) -> ml_collections.ConfigDict:
+  """A Qwen2.5 model section: the family's fixed choices plus the sizes."""
+  return model_section(
+      vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
+      n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=128, mlp_dim=mlp_dim,
+      rope_theta=1_000_000.0, norm_eps=1e-6, tie_embeddings=tie_embeddings,
+      qkv_bias=True, max_seq_len=max_seq_len)
 
 
 def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -119,6 +123,9 @@ def _task_section() -> ml_collections.ConfigDict:
       # same template and system prompt, so SFT primes RL's prompt format.
       chat_template=True,
       system_prompt="",  # "" keeps the template's default
+      # Reasoning checkpoints (Qwen3): "on" / "off" pass enable_thinking to
+      # the chat template; "template" passes nothing (its default).
+      thinking="template",
   ))
 
 
@@ -229,25 +236,45 @@ def _rl_section(seq_len: int, *, prompts_per_iteration: int,
   ))
 
 
+# Architecture fields a tiny variant keeps from its family as they are (the
+# sizes, and what is tied to them, come from tiny.py or are scaled below).
+FAMILY_FIELDS = ("tie_embeddings", "qkv_bias", "qk_norm", "norm_offset",
+                 "post_norms", "mlp_activation", "embed_scale",
+                 "final_logit_softcap", "rope_theta", "rope_scaling",
+                 "sliding_rope_theta")
+
+
 def tiny_variant(model: ml_collections.ConfigDict
                  ) -> ml_collections.ConfigDict:
   """experiments/tiny.py with `model`'s architecture family at tiny sizes.
 
-  Keeps what makes the family (query heads per kv head, tied or separate
-  embeddings, qkv bias, remat) and takes every size, the float32 dtypes and
-  the synthetic pointer-chasing task from tiny.py, so it runs on a laptop
-  CPU with no downloads.
+  Keeps what makes the family (query heads per kv head, FAMILY_FIELDS,
+  remat) and takes every size, the float32 dtypes and the synthetic
+  pointer-chasing task from tiny.py, so it runs on a laptop CPU with no
+  downloads. Interleaved sliding-window layers become one sliding and one
+  global layer (tiny.py's two) with a window of a quarter of the sequence,
+  so that both kinds see different keys; query_pre_attn_scalar keeps its
+  ratio to head_dim.
   """
   c = tiny.get_config()
+  t = c.model
   group = model.n_heads // model.n_kv_heads
   c.model.update(dict(
-      n_heads=c.model.n_kv_heads * group,
-      tie_embeddings=model.tie_embeddings,
-      qkv_bias=model.qkv_bias,
+      n_heads=t.n_kv_heads * group,
       remat=model.remat,
       param_dtype="float32",
       compute_dtype="float32",
   ))
+  for name in FAMILY_FIELDS:
+    if name in model:
+      c.model[name] = model[name]
+  if "query_pre_attn_scalar" in model:
+    c.model.query_pre_attn_scalar = (model.query_pre_attn_scalar *
+                                     t.head_dim / model.head_dim)
+  if "layer_types" in model:
+    kinds = tuple(dict.fromkeys(model.layer_types))  # sliding first
+    c.model.layer_types = (kinds * t.n_layers)[:t.n_layers]
+    c.model.sliding_window = t.max_seq_len // 4
   return c
 
 
@@ -257,17 +284,21 @@ def cpu_smoke_variant(full: ml_collections.ConfigDict
   Face checkpoint (`init_from_hf`, required), JSONL prompt and SFT sets, 2
   packed SFT steps, 2 RL iterations, the export to WORKDIR/hf_export.
 
-  The model's architecture comes from the checkpoint (any small Qwen2 /
-  Llama directory); this variant sets only the run settings (float32, no
-  remat, 512-token sequences). Everything else is the full recipe's
-  (mirror descent, partial rollouts, length reward, prioritized sampling,
-  chat template) at toy sizes; learning rates are large enough to move a
-  tiny model in two steps (ours; no meaning for a real run).
+  The model's architecture comes from the checkpoint (a small directory of
+  any supported family: Llama, Qwen2, Qwen3, Gemma 3 text); this variant
+  sets only the run settings (float32, no remat, 512-token sequences).
+  Everything else is the full recipe's (mirror descent, partial rollouts,
+  length reward, prioritized sampling, chat template, thinking setting) at
+  toy sizes; learning rates are large enough to move a tiny model in two
+  steps (ours; no meaning for a real run).
   """
   c = ml_collections.ConfigDict(full.to_dict())
   seq_len = 512
   c.model.update(dict(max_seq_len=seq_len, param_dtype="float32",
                       compute_dtype="float32", remat=False))
+  # 512 tokens extend no checkpoint's context: its own rotary stands.
+  if "rope_scaling" in c.model:
+    del c.model["rope_scaling"]
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, context=1,
                                            tensor=1))
   c.sft.update(dict(

@@ -1,7 +1,9 @@
 """Hugging Face tokenizer directories built at test time (no downloads): a
 byte-level BPE trained with the `tokenizers` library, special tokens and a
-chat template in the styles of Qwen2 (ChatML) and Llama 3. Shared by the
-chat-template, SFT-data and export tests (and the end-to-end test)."""
+chat template in the styles of Qwen2 (ChatML), Qwen3 (ChatML with a
+thinking switch), Llama 3 and Gemma 3, and tiny random checkpoints of every
+supported family. Shared by the chat-template, SFT-data, export and parity
+tests (and the end-to-end tests)."""
 
 from __future__ import annotations
 
@@ -63,6 +65,58 @@ Year: {{ strftime_now('%Y') }}
 <|start_header_id|>assistant<|end_header_id|>
 
 {% endif %}
+"""
+
+# ChatML with a thinking block, as Qwen3's template writes it: an assistant
+# turn's text up to `</think>` is its reasoning; the last assistant turn is
+# written `<think>\nREASONING\n</think>\n\nANSWER` (an empty block when it
+# has none); enable_thinking=false closes an empty block in the generation
+# prompt, so the model answers at once.
+QWEN3_TEMPLATE = """\
+{%- for message in messages %}
+{%- if message.role in ('system', 'user') %}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}
+{%- set answer = message.content %}
+{%- set reasoning = '' %}
+{%- if '</think>' in answer %}
+{%- set reasoning = answer.split('</think>')[0].split('<think>')[-1].strip('\\n') %}
+{%- set answer = answer.split('</think>')[-1].lstrip('\\n') %}
+{%- endif %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if loop.last %}
+{{- '<think>\\n' + reasoning + '\\n</think>\\n\\n' }}
+{%- endif %}
+{{- answer + '<|im_end|>\\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}
+{{- '<think>\\n\\n</think>\\n\\n' }}
+{%- endif %}
+{%- endif %}
+"""
+
+# Gemma 3's turns: BOS from the template, `model` for the assistant, a system
+# message folded into the first user turn.
+GEMMA_TEMPLATE = """\
+{{- bos_token }}
+{%- if messages[0].role == 'system' %}
+{%- set prefix = messages[0].content + '\\n\\n' %}
+{%- set rest = messages[1:] %}
+{%- else %}
+{%- set prefix = '' %}
+{%- set rest = messages %}
+{%- endif %}
+{%- for message in rest %}
+{%- set role = 'model' if message.role == 'assistant' else message.role %}
+{{- '<start_of_turn>' + role + '\\n' + (prefix if loop.first else '') }}
+{{- message.content | trim }}{{- '<end_of_turn>\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<start_of_turn>model\\n' }}
+{%- endif %}
 """
 
 CORPUS = [
@@ -129,6 +183,41 @@ def make_llama_style_dir(path) -> str:
   write_file(path, "generation_config.json", {
       "eos_token_id": [tok.token_to_id("<|end_of_text|>"),
                        tok.token_to_id("<|eot_id|>")]})
+  return str(path)
+
+
+def make_qwen3_style_dir(path) -> str:
+  """`make_qwen_style_dir` with <think> and </think> as added, non-special
+  tokens (decoding keeps them, as Qwen3's does) and QWEN3_TEMPLATE."""
+  make_qwen_style_dir(path)
+  tok = tokenizers.Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+  tok.add_tokens([tokenizers.AddedToken("<think>", special=False),
+                  tokenizers.AddedToken("</think>", special=False)])
+  tok.save(os.path.join(path, "tokenizer.json"))
+  write_file(path, "tokenizer_config.json", {
+      "tokenizer_class": "PreTrainedTokenizerFast",
+      "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+      "bos_token": None, "chat_template": QWEN3_TEMPLATE})
+  return str(path)
+
+
+def make_gemma_style_dir(path) -> str:
+  """Gemma-3-like: BOS added by the post-processor and written by the
+  template, eos <eos>; the generation config stops on <end_of_turn> too."""
+  os.makedirs(path, exist_ok=True)
+  tok = _train_bpe(["<pad>", "<eos>", "<bos>", "<start_of_turn>",
+                    "<end_of_turn>"])
+  bos = tok.token_to_id("<bos>")
+  tok.post_processor = processors.TemplateProcessing(
+      single="<bos> $A", special_tokens=[("<bos>", bos)])
+  tok.save(os.path.join(path, "tokenizer.json"))
+  write_file(path, "tokenizer_config.json", {
+      "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>",
+      "eos_token": "<eos>", "pad_token": "<pad>",
+      "chat_template": GEMMA_TEMPLATE})
+  write_file(path, "generation_config.json", {
+      "eos_token_id": [tok.token_to_id("<eos>"),
+                       tok.token_to_id("<end_of_turn>")]})
   return str(path)
 
 
@@ -289,3 +378,24 @@ def tiny_hf_model(name: str, seed: int = 0, **changes):
       else:
         p.normal_(0.0, 0.2)
   return model.eval()
+
+
+# The tokenizer style of each family (by TINY_FAMILIES name prefix).
+_STYLES = {"qwen2": make_qwen_style_dir, "qwen3": make_qwen3_style_dir,
+           "llama3": make_llama_style_dir, "gemma3": make_gemma_style_dir}
+
+
+def make_family_dir(path, name: str, seed: int = 0, **changes) -> str:
+  """A checkpoint directory of family `name` (TINY_FAMILIES): its random
+  tiny model (`tiny_hf_model`, with `changes`; the vocabulary covers the
+  test tokenizer) and the tokenizer, chat template and generation config
+  of the family's style."""
+  _STYLES[name.split("_")[0]](path)
+  model = tiny_hf_model(name, seed, **{"vocab_size": 512, **changes})
+  generation = os.path.join(path, "generation_config.json")
+  with open(generation) as f:
+    ours = f.read()
+  model.save_pretrained(path)
+  with open(generation, "w") as f:  # transformers writes its own
+    f.write(ours)
+  return str(path)

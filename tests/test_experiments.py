@@ -3,6 +3,7 @@ overrides are type-checked by key."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import math
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments import _common
 from kimi_jax.infra.config import ConfigError, load_config, to_dataclass
 from kimi_jax.job.experiment import explicit_model_keys, parse_config
 from kimi_jax.long2short import config as l2s_config
@@ -41,10 +43,14 @@ LONG2SHORT = os.path.join(ROOT, "experiments", "long2short_tiny.py")
 VISION = os.path.join(ROOT, "experiments", "vision_tiny.py")
 QWEN_7B = os.path.join(ROOT, "experiments", "qwen2_5_7b.py")
 QWEN_1_5B = os.path.join(ROOT, "experiments", "qwen2_5_1_5b.py")
+QWEN3_8B = os.path.join(ROOT, "experiments", "qwen3_8b.py")
+LLAMA3_1_8B = os.path.join(ROOT, "experiments", "llama3_1_8b.py")
+GEMMA3_4B = os.path.join(ROOT, "experiments", "gemma3_4b.py")
 # Every experiment and its tiny variant ("path:tiny"; tiny.py and the
 # tiny-sized long2short and vision experiments are their own).
 SCALED = [p for p in EXPERIMENTS if p not in (TINY, LONG2SHORT, VISION)]
-VARIANTS = EXPERIMENTS + [p + ":tiny" for p in SCALED] + [QWEN_7B + ":128k"]
+VARIANTS = EXPERIMENTS + [p + ":tiny" for p in SCALED] + [
+    QWEN_7B + ":128k", QWEN3_8B + ":128k"]
 # The real path at toy sizes: its model comes from init_from_hf.
 SMOKE = [p + ":cpu_smoke" for p in SCALED]
 
@@ -56,7 +62,8 @@ def _ids(paths):
 def test_the_qwen_experiments_are_listed():
   names = {os.path.basename(p) for p in EXPERIMENTS}
   assert {"tiny.py", "qwen2_5_1_5b.py", "qwen2_5_7b.py",
-          "qwen2_5_32b.py"} <= names
+          "qwen2_5_32b.py", "qwen3_8b.py", "llama3_1_8b.py",
+          "gemma3_4b.py"} <= names
 
 
 def _keys(config) -> dict[str, set[str]]:
@@ -71,6 +78,11 @@ def test_config_has_tiny_layout_and_validates(path):
   got = _keys(config)
   # The task section depends on the task; every other key is read by the run.
   reference.pop("task"), got.pop("task")
+  # A family's own model keys (Qwen3's qk_norm, Gemma's sliding layers,
+  # rope scaling, ...) are ModelConfig fields tiny.py leaves at defaults.
+  extra = got["model"] - reference["model"] - {"vision"}
+  assert extra <= {f.name for f in dataclasses.fields(ModelConfig)}, extra
+  got["model"] -= extra
   # A vision experiment's model has a vision tower (typed below).
   if "vision" in got["model"]:
     got["model"].discard("vision")
@@ -119,6 +131,14 @@ def test_tiny_variant_is_tiny_of_the_same_family(path):
   assert tiny.n_heads // tiny.n_kv_heads == full.n_heads // full.n_kv_heads
   assert (tiny.tie_embeddings, tiny.qkv_bias, tiny.remat) == (
       full.tie_embeddings, full.qkv_bias, full.remat)
+  for name in _common.FAMILY_FIELDS:
+    assert getattr(tiny, name) == getattr(full, name), name
+  assert (tiny.query_pre_attn_scalar or tiny.head_dim) / tiny.head_dim == (
+      full.query_pre_attn_scalar or full.head_dim) / full.head_dim
+  # Both attention kinds of an interleaved family, with a window that cuts.
+  assert set(tiny.layer_kinds) == set(full.layer_kinds)
+  if tiny.windowed:
+    assert tiny.sliding_window < tiny.max_seq_len
 
 
 def test_qwen2_5_7b_128k_uses_context_parallelism():
@@ -130,6 +150,77 @@ def test_qwen2_5_7b_128k_uses_context_parallelism():
   # 128 chips (v5p:4x4x8): data takes what fsdp x context x tensor leave.
   mesh = to_dataclass(MeshConfig, config.mesh, "mesh").resolve(128)
   assert mesh == dict(data=1, fsdp=8, context=4, tensor=4)
+
+
+def test_qwen3_8b_128k_uses_yarn_and_context_parallelism():
+  config = load_config(QWEN3_8B + ":128k")
+  cfg = to_dataclass(ModelConfig, config.model, "model")
+  assert cfg.max_seq_len == config.sampler.cache_len == 131072
+  # Qwen's YaRN for Qwen3 past 32k: factor 4 over 32768 positions.
+  assert (cfg.rope_scaling.rope_type, cfg.rope_scaling.factor,
+          cfg.rope_scaling.original_max_position_embeddings) == (
+              "yarn", 4.0, 32768)
+  assert cfg.rope_scaling.factor * 32768 == cfg.max_seq_len
+  mesh = to_dataclass(MeshConfig, config.mesh, "mesh").resolve(128)
+  assert mesh == dict(data=1, fsdp=8, context=4, tensor=4)
+  assert config.task.thinking == "on"
+
+
+# Hugging Face config.json of the released checkpoints (Gemma 3 4B: the
+# text_config of gemma-3-4b-it, as a text-only Gemma3ForCausalLM).
+PUBLIC_CONFIGS = {
+    QWEN3_8B: {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "vocab_size": 151936, "hidden_size": 4096, "num_hidden_layers": 36,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "intermediate_size": 12288, "hidden_act": "silu",
+        "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000, "rope_scaling": None,
+        "attention_bias": False, "use_sliding_window": False,
+        "tie_word_embeddings": False},
+    LLAMA3_1_8B: {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": 128256, "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8,
+        "intermediate_size": 14336, "hidden_act": "silu",
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0, "rope_scaling": {
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192},
+        "attention_bias": False, "mlp_bias": False,
+        "tie_word_embeddings": False},
+    GEMMA3_4B: {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+        "vocab_size": 262208, "hidden_size": 2560, "num_hidden_layers": 34,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+        "intermediate_size": 10240,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+        "query_pre_attn_scalar": 256, "sliding_window": 1024,
+        "sliding_window_pattern": 6, "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+}
+
+
+@pytest.mark.parametrize("path", sorted(PUBLIC_CONFIGS),
+                         ids=_ids(sorted(PUBLIC_CONFIGS)))
+def test_model_section_is_the_released_checkpoints(path):
+  """The file's model section (what the plan and a run without a checkpoint
+  build) is the architecture the released config.json reads as."""
+  from kimi_jax.model import families, hf
+  ours = to_dataclass(ModelConfig, load_config(path).model, "model")
+  theirs = hf.config_from_hf(PUBLIC_CONFIGS[path])
+  assert families.architecture_of(ours) == families.architecture_of(theirs)
+  # The export writes the released rope scaling, key for key.
+  written = hf.config_to_hf(ours)
+  assert written["architectures"] == PUBLIC_CONFIGS[path]["architectures"]
+  assert written.get("rope_scaling") == PUBLIC_CONFIGS[path].get(
+      "rope_scaling")
+  # kv heads divide over `tensor`, query heads too.
+  tensor = load_config(path).mesh.tensor
+  assert ours.n_kv_heads % tensor == 0 and ours.n_heads % tensor == 0
 
 
 def test_unknown_variant_is_rejected():
@@ -270,6 +361,29 @@ def test_explicit_model_overrides_must_agree_with_the_checkpoint(tmp_path):
   with pytest.raises(ConfigError, match=r"config\.sampler\.cache_len \(512\) "
                      r"exceeds config\.model\.max_seq_len \(128\)"):
     parse(**{"model.max_seq_len": 128})
+
+
+def test_a_long_stage_extends_a_checkpoint_without_rotary_scaling(tmp_path):
+  """qwen3_8b.py:128k from a Qwen3 checkpoint without YaRN gets the
+  experiment's YaRN (the config.json edit Qwen's model card asks for); a
+  checkpoint with scaling of its own keeps it."""
+  from tests.hf_dirs import make_family_dir
+  data = tmp_path / "d.jsonl"
+  data.write_text(json.dumps({"prompt": "1+1?", "answer": "2",
+                              "response": "2"}) + "\n")
+  config = load_config(f"{QWEN3_8B}:128k", {
+      "init_from_hf": make_family_dir(tmp_path / "plain", "qwen3"),
+      "task.train_path": str(data), "task.eval_path": str(data),
+      "sft.train_path": str(data)})
+  cfg = parse_config(config, n_devices=128)
+  assert (cfg.model.rope_scaling.rope_type, cfg.model.rope_scaling.factor,
+          cfg.model.rope_scaling.original_max_position_embeddings) == (
+              "yarn", 4.0, 32768)
+  assert cfg.model.max_seq_len == 131072
+  with config.unlocked():
+    config.init_from_hf = make_family_dir(tmp_path / "scaled", "qwen3_yarn")
+  own = parse_config(config, n_devices=128).model.rope_scaling
+  assert own.original_max_position_embeddings == 64  # the checkpoint's
 
 
 def test_explicit_model_keys_from_flags_or_overrides():

@@ -7,62 +7,22 @@ from __future__ import annotations
 
 import ml_collections
 import pytest
-import tokenizers
 import transformers
 
 from kimi_jax.data import sft_data, tasks
 from kimi_jax.data.records import DataError
 from kimi_jax.job.workdir import prompt_encoder
 from kimi_jax.model.tokenizer import load_hf_tokenizer, prompt_ids
-from tests.hf_dirs import make_qwen_style_dir, write_file
+from tests.hf_dirs import make_qwen3_style_dir
 
-# ChatML with a thinking block, as Qwen3's template writes it: an assistant
-# turn's text up to `</think>` is its reasoning; the last assistant turn is
-# written `<think>\nREASONING\n</think>\n\nANSWER` (an empty block when it
-# has none); enable_thinking=false closes an empty block in the generation
-# prompt, so the model answers at once.
-THINKING_TEMPLATE = """\
-{%- for message in messages %}
-{%- if message.role in ('system', 'user') %}
-{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
-{%- elif message.role == 'assistant' %}
-{%- set answer = message.content %}
-{%- set reasoning = '' %}
-{%- if '</think>' in answer %}
-{%- set reasoning = answer.split('</think>')[0].split('<think>')[-1].strip('\\n') %}
-{%- set answer = answer.split('</think>')[-1].lstrip('\\n') %}
-{%- endif %}
-{{- '<|im_start|>assistant\\n' }}
-{%- if loop.last %}
-{{- '<think>\\n' + reasoning + '\\n</think>\\n\\n' }}
-{%- endif %}
-{{- answer + '<|im_end|>\\n' }}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-{{- '<|im_start|>assistant\\n' }}
-{%- if enable_thinking is defined and enable_thinking is false %}
-{{- '<think>\\n\\n</think>\\n\\n' }}
-{%- endif %}
-{%- endif %}
-"""
 QUESTION = [{"role": "user", "content": "What is 6 times 7?"}]
 
 
 @pytest.fixture(scope="module")
 def thinking_dir(tmp_path_factory):
-  """A ChatML tokenizer with <think> and </think> as added, non-special
-  tokens (decoding keeps them, as Qwen3's does) and the template above."""
-  path = make_qwen_style_dir(tmp_path_factory.mktemp("qwen3"))
-  tok = tokenizers.Tokenizer.from_file(f"{path}/tokenizer.json")
-  tok.add_tokens([tokenizers.AddedToken("<think>", special=False),
-                  tokenizers.AddedToken("</think>", special=False)])
-  tok.save(f"{path}/tokenizer.json")
-  write_file(path, "tokenizer_config.json", {
-      "tokenizer_class": "PreTrainedTokenizerFast",
-      "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-      "bos_token": None, "chat_template": THINKING_TEMPLATE})
-  return path
+  """A ChatML tokenizer with <think> and </think> and Qwen3's thinking
+  switch (tests/hf_dirs.py: QWEN3_TEMPLATE)."""
+  return make_qwen3_style_dir(tmp_path_factory.mktemp("qwen3"))
 
 
 @pytest.mark.parametrize("thinking", [None, True, False])

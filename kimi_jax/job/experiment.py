@@ -95,10 +95,21 @@ def model_config(config: ml_collections.ConfigDict,
   chosen = {k: section[k] for k in hf.RUN_SETTINGS if k in section}
   chosen.update({k: section[k] for k in explicit})
   try:
-    return hf.merge_model_config(hf.model_config_from_hf(source), chosen,
-                                 source=source)
+    cfg = hf.merge_model_config(hf.model_config_from_hf(source), chosen,
+                                source=source)
+    return _extend_context(cfg, section.get("rope_scaling"))
   except (hf.HFCheckpointError, ValueError) as exc:
     raise ConfigError(f"config.init_from_hf={source}: {exc}") from None
+
+
+def _extend_context(cfg: ModelConfig, scaling: Any) -> ModelConfig:
+  """A checkpoint without rotary scaling, run with the experiment's
+  `model.rope_scaling` (YaRN for a 32k model's 128k stage: the edit of
+  config.json its model card asks for). A checkpoint with scaling of its
+  own keeps it (a Llama 3.x checkpoint's llama3 rope)."""
+  if not scaling or cfg.rope_scaling is not None:
+    return cfg
+  return dataclasses.replace(cfg, rope_scaling=dict(scaling.items()))
 
 
 def as_run(config: ml_collections.ConfigDict, cfg: ExperimentConfig

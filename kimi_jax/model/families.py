@@ -147,13 +147,29 @@ def rope_scaling_from_hf(section: Mapping[str, Any], max_positions: int,
     raise HFCheckpointError(f"{where}: {exc}") from None
 
 
+# The keys each rope type writes: those transformers reads for it (it warns
+# about any other key, e.g. yarn's betas in a llama3 section).
+_ROPE_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "original_max_position_embeddings",
+               "low_freq_factor", "high_freq_factor"),
+    "yarn": ("factor", "original_max_position_embeddings", "beta_fast",
+             "beta_slow", "attention_factor", "truncate"),
+}
+
+
+def _scaling_keys(scaling: rope.RopeScaling) -> dict[str, Any]:
+  values = dataclasses.asdict(scaling)
+  return {k: values[k] for k in ("rope_type",) + _ROPE_KEYS[
+      scaling.rope_type] if values[k] is not None}
+
+
 def rope_section(theta: float, scaling: rope.RopeScaling | None
                  ) -> dict[str, Any]:
   """A transformers 5 rope_parameters section."""
   out: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
   if scaling is not None:
-    out.update({k: v for k, v in dataclasses.asdict(scaling).items()
-                if v is not None})
+    out.update(_scaling_keys(scaling))
   return out
 
 
@@ -161,8 +177,7 @@ def _scaling_section(scaling: rope.RopeScaling | None) -> dict[str, Any]:
   """rope_scaling as transformers 4.x reads it (empty when unscaled)."""
   if scaling is None:
     return {}
-  return {"rope_scaling": {k: v for k, v in dataclasses.asdict(
-      scaling).items() if v is not None}}
+  return {"rope_scaling": _scaling_keys(scaling)}
 
 
 def _one_rope(hf: Mapping[str, Any], max_positions: int, source: str
