@@ -17,6 +17,16 @@ mean sampled length, overall and per group of each --by:
 --pass_at K adds pass@K (unbiased, from --samples draws per problem).
 With --out, writes breakdown.json (the tables) and responses.jsonl (every
 scored response, the greedy one as draw -1, with its groups).
+
+Standard benchmarks from their published files (docs/evaluation.md):
+
+  python launch/evaluate.py --hf DIR --benchmark math500=FILE \\
+      --benchmark aime=FILE --benchmark gsm8k=FILE --benchmark humaneval \\
+      --samples K --out OUT
+  (--workdir W [--step N] instead of --hf: a run's checkpoint; --responses
+  FILE instead of either: score another engine's responses, no model)
+
+writes OUT/benchmarks.json and OUT/responses.jsonl and prints a table.
 """
 
 import json
@@ -27,8 +37,7 @@ from absl import app, flags
 
 from kimi_jax.infra import quiet
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "a kimi_jax run's workdir",
-                               required=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "a kimi_jax run's workdir")
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
 _SPLIT = flags.DEFINE_enum("split", "eval", ["eval", "val"],
                            "the run's held-out (eval) or validation (val) "
@@ -44,6 +53,29 @@ _PASS_AT = flags.DEFINE_multi_integer("pass_at", [], "also pass@k for this "
                                       "k <= --samples (repeat for several)")
 _OUT = flags.DEFINE_string("out", "", "directory for breakdown.json and "
                            "responses.jsonl")
+_BENCHMARK = flags.DEFINE_multi_string(
+    "benchmark", [], "NAME=FILE or NAME (humaneval): a standard benchmark "
+    "(math500, aime, gsm8k, humaneval; repeat for several)")
+_HF = flags.DEFINE_string("hf", "", "--benchmark: a Hugging Face checkpoint "
+                          "directory to evaluate")
+_EXPERIMENT = flags.DEFINE_string(
+    "experiment", "experiments/qwen2_5_1_5b.py:cpu_smoke",
+    "--hf: the experiment whose sampler, mesh and task prompt format run "
+    "the checkpoint (its model comes from the checkpoint)")
+_OVERRIDE = flags.DEFINE_multi_string(
+    "override", [], "--hf: KEY=VALUE set in --experiment's config (e.g. "
+    "sampler.cache_len=4096)")
+_RESPONSES = flags.DEFINE_string(
+    "responses", "", "--benchmark: score this JSONL of {benchmark, id, "
+    "response} rows instead of sampling a model")
+_TEMPERATURE = flags.DEFINE_float("temperature", None, "--benchmark: "
+                                  "default the config's sampler.temperature")
+_TOP_P = flags.DEFINE_float("top_p", None, "--benchmark: default the "
+                            "config's sampler.top_p")
+_MAX_RESPONSE_LEN = flags.DEFINE_integer(
+    "max_response_len", None, "--benchmark: default the config's "
+    "rl.max_response_len")
+_SEED = flags.DEFINE_integer("seed", 0, "--benchmark: sampling seed")
 
 
 def response_rows(drawn, records, splits):
@@ -57,9 +89,73 @@ def response_rows(drawn, records, splits):
                **labels[p])
 
 
+def benchmark_main() -> None:
+  """--benchmark: standard benchmarks (kimi_jax/evaluation)."""
+  from kimi_jax.evaluation import benchmarks, run
+  from kimi_jax.infra.config import ConfigError
+  from kimi_jax.data.records import DataError
+  sources = [x for x in (_WORKDIR.value, _HF.value, _RESPONSES.value) if x]
+  try:
+    if len(sources) != 1:
+      raise ConfigError("--benchmark needs exactly one of --workdir, --hf "
+                        "or --responses")
+    if not _OUT.value:
+      raise ConfigError("--benchmark needs --out")
+    if _BY.value or _DATA.value:
+      raise ConfigError("--by and --data evaluate a run's own task, not "
+                        "--benchmark")
+    loaded = benchmarks.load_all(_BENCHMARK.value)
+    ks = tuple(sorted(set(_PASS_AT.value)))
+    samples = run.DEFAULT_SAMPLES if _SAMPLES.value is None else (
+        _SAMPLES.value)
+    if samples < 1:
+      raise ConfigError(f"--samples must be >= 1, got {samples}")
+    policy, settings = None, run.Settings(pass_at=ks)
+    if not _RESPONSES.value:
+      if ks and ks[-1] > samples:
+        raise ConfigError(f"--pass_at {list(ks)}: k must be <= --samples "
+                          f"{samples}")
+      from kimi_jax.curation import policy as policy_lib
+      from kimi_jax.infra.config import load_config
+      from kimi_jax.job import workdir as workdir_lib
+      if _WORKDIR.value:
+        config = workdir_lib.load_config(_WORKDIR.value)
+        policy = policy_lib.load_policy(workdir=_WORKDIR.value,
+                                        step=_STEP.value)
+      else:
+        config = load_config(_EXPERIMENT.value,
+                             ["init_from_hf=" + _HF.value] + _OVERRIDE.value)
+        policy = policy_lib.load_policy(config=config)
+      pick = lambda flag, default: default if flag is None else flag
+      settings = run.Settings(
+          samples=samples,
+          temperature=pick(_TEMPERATURE.value,
+                           float(config.sampler.temperature)),
+          top_p=pick(_TOP_P.value, float(config.sampler.top_p)),
+          max_response_len=pick(_MAX_RESPONSE_LEN.value,
+                                int(config.rl.max_response_len)),
+          seed=_SEED.value, pass_at=ks)
+    source = (policy.identity if policy is not None else
+              f"responses {os.path.abspath(_RESPONSES.value)}")
+    report = run.evaluate(loaded, out=_OUT.value, policy=policy,
+                          responses=_RESPONSES.value, settings=settings,
+                          source=source)
+  except (benchmarks.BenchmarkError, ConfigError, DataError, ValueError,
+          FileNotFoundError) as exc:
+    sys.exit(f"evaluate: {exc}")
+  print(f"{source}\n")
+  print(run.format_table(report))
+  print(f"\nwrote {_OUT.value}/benchmarks.json and responses.jsonl")
+
+
 def main(argv):
   del argv
   quiet.start()
+  if _BENCHMARK.value:
+    return benchmark_main()
+  if _HF.value or _RESPONSES.value or not _WORKDIR.value:
+    sys.exit("evaluate: without --benchmark, give --workdir (a run's own "
+             "task); --hf and --responses need --benchmark")
   from kimi_jax.job import workdir as workdir_lib
   from kimi_jax.infra.config import ConfigError
   from kimi_jax.data.records import DataError
