@@ -20,8 +20,10 @@ import sys
 from typing import Any, Mapping
 
 GB = 1e9
-_MODEL = {"qwen2_5_1_5b": "Qwen2.5-1.5B", "qwen2_5_7b": "Qwen2.5-7B",
-          "qwen2_5_32b": "Qwen2.5-32B"}
+# Smallest first: the table's order.
+_MODEL = {"qwen2_5_1_5b": "Qwen2.5-1.5B", "gemma3_4b": "Gemma-3-4B",
+          "qwen2_5_7b": "Qwen2.5-7B", "qwen3_8b": "Qwen3-8B",
+          "llama3_1_8b": "Llama-3.1-8B", "qwen2_5_32b": "Qwen2.5-32B"}
 HEADER = ("| model | slice (chips x HBM) | mesh | tokens/seq | train step per "
           "length bucket, smallest → largest | reference log-probs | prefill "
           "| decode call | |\n|---|---|---|---|---|---|---|---|---|")

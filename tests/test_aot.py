@@ -73,8 +73,10 @@ def test_a_program_over_hbm_is_reported_with_the_compilers_figure():
     ("qwen2_5_1_5b.py", "v5p:4x4x4"), ("qwen2_5_1_5b.py", "v5e:16x16"),
     ("qwen2_5_7b.py", "v5p:4x4x4"), ("qwen2_5_7b.py", "v5e:16x16"),
     ("qwen2_5_7b.py:128k", "v5p:4x4x8"),
-    ("qwen2_5_32b.py", "v5p:4x8x8"), ("qwen2_5_32b.py", "v5e:16x16")])
-def test_every_qwen_experiment_builds_its_aot_programs_as_documented(
+    ("qwen2_5_32b.py", "v5p:4x8x8"), ("qwen2_5_32b.py", "v5e:16x16"),
+    ("qwen3_8b.py", "v5p:4x4x4"), ("qwen3_8b.py:128k", "v5p:4x4x8"),
+    ("gemma3_4b.py", "v5e:16x16")])
+def test_every_documented_experiment_builds_its_aot_programs(
     name, topology):
   # The documented check runs on the experiment as shipped, before any data
   # path is chosen (the task's paths are empty): building the programs must

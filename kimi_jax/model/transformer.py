@@ -528,36 +528,51 @@ def _windowed_prefill(params, x_BxTxD, positions_BxT, segment_ids_BxT,
                       cache: KVCache, cfg: ModelConfig,
                       sharder: Sharder | None):
   """`hidden_states` with `prefill=True` for a windowed model: the scan
-  returns every layer's keys and values, which then fill the full layers'
-  cache and the last R real tokens of the sliding layers' rings."""
+  carries the cache, and each layer writes its new keys and values into it
+  (a full layer into its cache entry, a sliding layer its last R real
+  tokens into its ring). Scanning out every layer's T keys instead would
+  hold n_layers / n_full times the full layers' cache at once."""
   B, T = segment_ids_BxT.shape
   kinds = _scanned_kinds(cfg)
   scanned = not isinstance(kinds, bool)
+  full, local = _layer_groups(cfg)
+  # Each layer's entry among the full layers and among the sliding ones;
+  # the other is out of range, so that write is dropped.
+  at_full, at_local = [len(full)] * cfg.n_layers, [len(local)] * cfg.n_layers
+  for j, i in enumerate(full):
+    at_full[i] = j
+  for j, i in enumerate(local):
+    at_local[i] = j
+  rows = jnp.arange(B)[:, None]
+  n_new_B = jnp.sum(segment_ids_BxT != 0, axis=1).astype(jnp.int32)
+  write_idx = cache.lengths[:, None] + jnp.arange(T)[None, :]
+  ring_idx = _ring_index(cache.lengths, n_new_B, T, cache.local_k.shape[2])
+  put = lambda c, i, new, idx: c.at[i, rows, idx].set(new.astype(c.dtype),
+                                                       mode="drop")
 
-  def body(x, xs):
-    lp, sliding = xs
+  def layer(x, lp, sliding):
     return _layer(x, lp, positions_BxT, None, None, None, cfg, sharder,
                   segment_ids_BxT, sliding if scanned else kinds,
                   return_kv=True)
 
   if cfg.remat:
-    body = jax.checkpoint(body, prevent_cse=False)
-  x, (k_L, v_L) = jax.lax.scan(body, x_BxTxD, (params["layers"],
-                                               kinds if scanned else None))
-  full, local = _layer_groups(cfg)
-  rows = jnp.arange(B)[:, None]
-  n_new_B = jnp.sum(segment_ids_BxT != 0, axis=1).astype(jnp.int32)
-  write_idx = cache.lengths[:, None] + jnp.arange(T)[None, :]
-  ring_idx = _ring_index(cache.lengths, n_new_B, T, cache.local_k.shape[2])
-  put = lambda c, new, idx: c.at[:, rows, idx].set(new.astype(c.dtype),
-                                                    mode="drop")
-  full, local = jnp.asarray(full, jnp.int32), jnp.asarray(local, jnp.int32)
-  return x, KVCache(
-      k=put(cache.k, k_L[full], write_idx), v=put(cache.v, v_L[full],
-                                                  write_idx),
-      lengths=cache.lengths + n_new_B,
-      local_k=put(cache.local_k, k_L[local], ring_idx),
-      local_v=put(cache.local_v, v_L[local], ring_idx))
+    layer = jax.checkpoint(layer, prevent_cse=False)
+
+  def body(carry, xs):
+    x, (ck, cv, lk, lv) = carry
+    lp, sliding, i_full, i_local = xs
+    x, (k, v) = layer(x, lp, sliding)
+    return (x, (put(ck, i_full, k, write_idx), put(cv, i_full, v, write_idx),
+                put(lk, i_local, k, ring_idx),
+                put(lv, i_local, v, ring_idx))), None
+
+  caches = (cache.k, cache.v, cache.local_k, cache.local_v)
+  (x, (k, v, local_k, local_v)), _ = jax.lax.scan(
+      body, (x_BxTxD, caches),
+      (params["layers"], kinds if scanned else None,
+       jnp.asarray(at_full, jnp.int32), jnp.asarray(at_local, jnp.int32)))
+  return x, KVCache(k=k, v=v, lengths=cache.lengths + n_new_B,
+                    local_k=local_k, local_v=local_v)
 
 
 def _windowed_cached(params, x_BxTxD, positions_BxT, segment_ids_BxT,
