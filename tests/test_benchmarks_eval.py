@@ -147,6 +147,7 @@ def evaluate(*args, **kwargs) -> subprocess.CompletedProcess:
                         timeout=kwargs.get("timeout", 300))
 
 
+@pytest.mark.slow  # the launcher and the math verifier's workers
 def test_responses_are_scored_without_a_model(files, tmp_path):
   m1, m2 = "test/prealgebra/1.json", "test/prealgebra/2.json"
   rows = [
@@ -200,6 +201,7 @@ def test_responses_are_scored_without_a_model(files, tmp_path):
   assert "| math500 | 2 | 4 | 0.3750 | 0.6667 |" in proc.stdout
 
 
+@pytest.mark.slow  # five launcher subprocesses
 def test_responses_errors_name_what_is_wrong(files, tmp_path):
   out = str(tmp_path / "out")
   bench = f"--benchmark=aime={files['aime']}"

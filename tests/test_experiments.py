@@ -363,6 +363,7 @@ def test_explicit_model_overrides_must_agree_with_the_checkpoint(tmp_path):
     parse(**{"model.max_seq_len": 128})
 
 
+@pytest.mark.slow  # writes two transformers checkpoints
 def test_a_long_stage_extends_a_checkpoint_without_rotary_scaling(tmp_path):
   """qwen3_8b.py:128k from a Qwen3 checkpoint without YaRN gets the
   experiment's YaRN (the config.json edit Qwen's model card asks for); a

@@ -134,6 +134,7 @@ class _ScriptedValidator:
                       n_problems=1)
 
 
+@pytest.mark.slow  # trains and evaluates a tiny model
 def test_sft_stops_at_the_first_check_that_reaches_the_target(tmp_path):
   """sft.stop_at_val: checks every 2 steps read 0.2 then 0.6 against a
   target of 0.5, so the stage ends after step 4 with the params a whole
@@ -168,6 +169,7 @@ def test_sft_stops_at_the_first_check_that_reaches_the_target(tmp_path):
   assert sorted(_losses(tmp_path / "stop")) == [1, 2, 3, 4]
 
 
+@pytest.mark.slow  # trains and evaluates a tiny model
 def test_sft_stop_reads_the_configured_metric(tmp_path):
   """With sft.stop_metric="greedy_accuracy" a sampled pass@1 above the
   target does not stop the stage; the greedy accuracy does."""

@@ -548,6 +548,7 @@ def test_micro_pipeline_writes_every_method_and_the_figure(tmp_path,
   assert again["methods"] == result["methods"]
 
 
+@pytest.mark.slow  # samples a policy in chunks
 def test_samples_in_journaled_chunks_equal_one_call(tmp_path):
   """long2short's samples on the real sampler: chunks of 3 prompts give
   the one-call tokens and verdicts, and a rerun with the journal samples

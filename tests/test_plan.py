@@ -198,6 +198,7 @@ def test_activation_estimate_tracks_the_compiler(attention):
   assert 0.95 * xla_bytes <= estimate <= 1.6 * xla_bytes
 
 
+@pytest.mark.slow  # a launcher subprocess
 def test_launch_names_the_missing_device_count():
   # tiny.py's data axis is -1: the analytic plan needs the slice's size.
   out = subprocess.run(

@@ -520,6 +520,7 @@ def test_rm_tiny_micro_study_end_to_end(tmp_path, monkeypatch, capsys):
   assert not (tmp_path / "rm" / "cot.progress").exists()
 
 
+@pytest.mark.slow  # samples a policy in chunks
 def test_labelling_in_journaled_chunks_equals_one_call(tmp_path):
   """sample_and_label on the real sampler: chunks of 3 records give the
   one-call examples, and a rerun with the journal samples nothing."""

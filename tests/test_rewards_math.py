@@ -270,6 +270,7 @@ def test_hostile_answers_each_return_within_budget(reward):
   assert ok.correct, ok
 
 
+@pytest.mark.slow  # kills and restarts a worker process
 def test_timeout_is_an_error_and_restart_is_cheap(reward):
   reward({"id": "warm", "answer": "1"}, r"\boxed{1}")
   start = time.perf_counter()

@@ -336,6 +336,7 @@ def test_http_server_survives_garbage(server):
   assert SandboxClient(server.url).health()["status"] == "ok"
 
 
+@pytest.mark.slow  # an HTTP server and sandboxed runs
 def test_http_concurrency_limit_gives_503(server):
   # max_concurrency=1 and a 0.5 s queue timeout: a second request arriving
   # while a 2 s program runs waits, then gets 503.

@@ -51,6 +51,7 @@ def test_a_second_job_is_refused_and_a_killed_holder_frees_it(holder):
   assert entered == [True]
 
 
+@pytest.mark.slow  # waits on another process
 def test_wait_enters_once_the_holder_has_finished(tmp_path):
   workdir = tmp_path / "w"
   finisher = HOLDER.replace("time.sleep(600)", "time.sleep(1.0); open("
