@@ -288,13 +288,19 @@ def make_answering_qwen2_dir(path, *, answers: tuple[str, ...] = ("4", "7"),
       embed[src] = row
       for nxt in nexts:
         head[nxt] += 20.0 * row / d
+  save_keeping_generation_config(model, path)
+  return str(path)
+
+
+def save_keeping_generation_config(model, path) -> None:
+  """`model.save_pretrained(path)`, keeping the generation_config.json the
+  tokenizer style wrote there (transformers writes its own)."""
   generation = os.path.join(path, "generation_config.json")
   with open(generation) as f:
     ours = f.read()
   model.save_pretrained(path)
-  with open(generation, "w") as f:  # transformers writes its own
+  with open(generation, "w") as f:
     f.write(ours)
-  return str(path)
 
 
 def make_unsupported_dir(path) -> str:
@@ -392,10 +398,5 @@ def make_family_dir(path, name: str, seed: int = 0, **changes) -> str:
   of the family's style."""
   _STYLES[name.split("_")[0]](path)
   model = tiny_hf_model(name, seed, **{"vocab_size": 512, **changes})
-  generation = os.path.join(path, "generation_config.json")
-  with open(generation) as f:
-    ours = f.read()
-  model.save_pretrained(path)
-  with open(generation, "w") as f:  # transformers writes its own
-    f.write(ours)
+  save_keeping_generation_config(model, path)
   return str(path)
