@@ -6,7 +6,6 @@ import sys
 
 import jax
 
-from kimi_jax.infra import quiet
 
 
 def log(msg: str) -> None:
@@ -24,9 +23,3 @@ def progress(iterable, total: int, desc: str, enabled: bool, initial: int = 0):
   from tqdm import tqdm
   return tqdm(iterable, total=total, desc=desc, initial=initial,
               dynamic_ncols=True, file=sys.stderr)
-
-
-def quiet_library_logs() -> None:
-  """`quiet.start()` for notebooks: warnings only from libraries' logs, and
-  no TPU start-up on a machine without one."""
-  quiet.start()

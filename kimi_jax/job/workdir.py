@@ -18,6 +18,7 @@ from kimi_jax.infra.config import ConfigError
 from kimi_jax.job.experiment import ExperimentConfig, parse_config
 from kimi_jax.model import transformer
 from kimi_jax.model.tokenizer import HFTokenizer, prompt_ids
+from kimi_jax.rl import rollout
 from kimi_jax.rl.evaluation import Evaluator, SPLITS
 from kimi_jax.sampler.build import make_sampler
 from kimi_jax.sampler.driver import SampleRequest
@@ -116,7 +117,7 @@ def complete(workdir: str, prompts: Sequence[str], *, step: int | None = None,
   engine = sampler.engine
   params, _ = restore_params(workdir, cfg, engine.param_shardings, step)
   s = cfg.sampler
-  stops = tuple(getattr(tok, "stop_ids", (tok.eos_id,)))
+  stops = rollout.stop_tokens(tok)
   requests, prompt_tokens = [], []
   for i, text in enumerate(prompts):
     prompt = encode(text)
@@ -140,7 +141,7 @@ def complete(workdir: str, prompts: Sequence[str], *, step: int | None = None,
   records, lines = [], []
   for req, res in zip(requests, results):
     i, j = req.id
-    text = tok.decode([t for t in res.tokens if t not in stops])
+    text = rollout.response_text(res.tokens, tok)
     records.append({"prompt": prompts[i], "sample": j,
                     "prompt_tokens": [int(t) for t in prompt_tokens[i]],
                     "tokens": [int(t) for t in res.tokens], "text": text,
