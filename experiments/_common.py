@@ -186,6 +186,13 @@ def _sampler_section(seq_len: int, max_slots: int
       repeat_times=8,
       # Decode steps per host round trip; the device stops finished slots.
       steps_per_call=16,
+      # A row of seq_len per slot; page_size > 0 pools pages (kv_pages of
+      # them, 0: every slot at full length) so slots x live tokens, not
+      # slots x seq_len, bound memory. Decode reads up to the longest live
+      # slot, rounded up to min_view x 2^i entries.
+      page_size=0,
+      kv_pages=0,
+      min_view=512,
   ))
 
 
@@ -226,6 +233,9 @@ def _rl_section(seq_len: int, *, prompts_per_iteration: int,
       # (held-out pass@1 stalled at 0.65). 2.6.2 allows excluding them.
       train_on_old_segments=True,
       reference_logprobs="recompute",
+      # Truncated importance sampling of the sampler-trainer gap
+      # (docs/rl.md); 0: off.
+      tis_cap=0.0,
       length_reward_weight=0.1,  # ours (the report gives no weight)
       length_reward_warmup=100,  # ours: off at first, then constant
       repeat_penalty=-1.0,

@@ -171,6 +171,13 @@ def sampler_config() -> ml_collections.ConfigDict:
       # Decode steps per jitted call (host round trip); the device stops
       # finished slots and results do not depend on it (docs/sampler.md).
       steps_per_call=16,
+      # KV cache layout (docs/sampler.md): 0 = a row of cache_len per slot;
+      # > 0 = a pool of pages, kv_pages of them (0: every slot at full
+      # length). A decode step reads at most the longest live slot, rounded
+      # up to min_view x 2^i entries.
+      page_size=0,
+      kv_pages=0,
+      min_view=64,
   ))
 
 
@@ -203,6 +210,9 @@ def rl_config() -> ml_collections.ConfigDict:
       # (see docs/loop.md).
       train_on_old_segments=True,
       reference_logprobs="recompute",
+      # Truncated importance sampling of the sampler-trainer gap
+      # (docs/rl.md); 0: off.
+      tis_cap=0.0,
       length_reward_weight=0.1,
       length_reward_warmup=40,
       repeat_penalty=-1.0,

@@ -23,7 +23,7 @@ import transformers
 from transformers import modeling_rope_utils
 
 import hf_dirs
-from kimi_jax.model import families, hf, rope, transformer
+from kimi_jax.model import decode, families, hf, rope, transformer
 from kimi_jax.model.config import FULL, SLIDING, ModelConfig, count_params
 from kimi_jax.sampler import handoff
 from kimi_jax.sampler.engine import Engine, EngineConfig
@@ -134,7 +134,7 @@ def _prefill(params, tokens, segments, cache, cfg):
 
 @functools.partial(jax.jit, static_argnames="cfg")
 def _decode(decode_params, tokens_B, lengths_B, cache, cfg):
-  return transformer.decode_step(decode_params, tokens_B, lengths_B, cache,
+  return decode.decode_step(decode_params, tokens_B, lengths_B, cache,
                                  cfg=cfg)
 
 
@@ -160,8 +160,8 @@ def test_prefill_then_decode_match_transformers(name, family):
     assert cache.local_k.shape == (n_sliding, B, cfg.sliding_window,
                                    cfg.n_kv_heads, cfg.head_dim)
     assert cache.k.shape[0] == cfg.n_layers - n_sliding
-  decode_params = transformer.to_decode_params(params)
-  dcache = transformer.to_decode_cache(cache)
+  decode_params = decode.to_decode_params(params)
+  dcache = decode.to_decode_cache(cache)
   pos = lengths.copy()
   for step in range(T - int(lengths.min())):
     # A row already at the end decodes a repeat of its last token,
@@ -173,7 +173,7 @@ def test_prefill_then_decode_match_transformers(name, family):
         _assert_logits_close(logits[b, 0], ref[b, pos[b]],
                              err_msg=f"decode row {b} position {pos[b]}")
     pos = np.minimum(pos + 1, T)
-  back = transformer.from_decode_cache(dcache, pos)
+  back = decode.from_decode_cache(dcache, pos)
   assert jax.tree.structure(back) == jax.tree.structure(cache)
 
 
@@ -223,10 +223,11 @@ def test_engine_greedy_decode_of_gemma3_matches_transformers(family,
                   sharder=sharder)
   params = handoff.place_params(params, engine.param_shardings)[0]
   state = engine.init_decode_state()
-  assert state.cache.local_k.shape[2] == cfg.sliding_window
+  # Per sliding layer a ring of the window per slot: B x K x R x Dh.
+  assert state.cache.local_k[0].shape[2] == cfg.sliding_window
   if on_mesh:
-    assert state.cache.local_k.sharding.spec == P(
-        None, ("data", "fsdp"), None, "tensor", None)
+    assert state.cache.local_k[0].sharding.spec == P(
+        ("data", "fsdp"), "tensor", None, None)
   greedy = SamplingParams(greedy=True)
   prompts = {0: [int(t) for t in TOKENS_BxT[0, :10]],
              1: [int(t) for t in TOKENS_BxT[1, :3]]}

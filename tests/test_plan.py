@@ -73,6 +73,21 @@ def test_plan_matches_allocated_arrays(config_path, sizes):
   assert memory.mesh == {"context": 1} | sizes
 
 
+def test_paged_cache_plan_matches_the_allocated_pool():
+  sizes = dict(data=2, fsdp=2, tensor=2)
+  config = load_config(TINY, ["sampler.page_size=16", "sampler.kv_pages=64"])
+  memory = plan.plan_for_config(config, sizes)
+  cfg = to_dataclass(ModelConfig, config.model, "model")
+  sharder = Sharder(make_mesh(MeshConfig(**sizes)),
+                    rules_from_config(config.sharding.rules))
+  engine = Engine(cfg, EngineConfig(
+      max_slots=config.sampler.max_slots, cache_len=config.sampler.cache_len,
+      page_size=16, kv_pages=64), sharder=sharder)
+  cache = engine.init_decode_state().cache
+  assert cache.k[0].shape[0] == 64  # the pool, not slots x cache_len
+  assert memory.kv_cache == _only_value(_bytes_per_device(cache))
+
+
 def test_unshardable_parameter_names_it():
   config = load_config(TINY)  # 2 kv heads cannot split over tensor=4
   with pytest.raises(ShardingError, match=r"\['layers'\]\['bk'\].*kv_heads"):

@@ -314,8 +314,9 @@ def test_mesh_engine_matches_single_device(params, sampler, sharder):
   assert mesh_params["layers"]["wq"].sharding.spec == P(
       None, ("fsdp", "context"), "tensor", None)
   state = mesh_engine.init_decode_state()
-  assert state.cache.k.sharding.spec == P(None, ("data", "fsdp"), None,
-                                          "tensor", None)
+  # Per layer, B x K x S x Dh: slots over the batch axes, heads over tensor.
+  assert state.cache.k[0].sharding.spec == P(("data", "fsdp"), "tensor",
+                                             None, None)
   reqs = [SampleRequest(i, p, max_new_tokens=m, sampling=GREEDY)
           for i, (p, m) in enumerate(MIXED)]
   reqs.append(SampleRequest("s", _prompt(5, 9), max_new_tokens=8,
@@ -432,14 +433,14 @@ def test_prefill_batch_and_insert_batch_match_one_at_a_time(
         ref = eng.insert(one, ref, slot)
     got = eng.insert_batch(prefix, got, slots)
   if on_mesh:
-    assert got.cache.k.sharding.spec == P(None, ("data", "fsdp"), None,
-                                          "tensor", None)
+    assert got.cache.k[0].sharding.spec == P(("data", "fsdp"), "tensor",
+                                             None, None)
     assert got.active.sharding.spec == ref.active.sharding.spec
   a, b = _host_state(got), _host_state(ref)
   assert a.active.tolist() == [True, True, True, True]
   for field in ("tokens", "index", "active"):
     np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
-  np.testing.assert_array_equal(a.cache.lengths, b.cache.lengths)
+  np.testing.assert_array_equal(a.lengths, b.lengths)
   for x, y in zip(a.sampling, b.sampling):
     np.testing.assert_array_equal(x, y)
   # The same continuation: greedy and seeded decode from both states.
@@ -461,8 +462,9 @@ def test_insert_batch_skips_rows_and_leaves_other_slots_alone(params, engine):
                                 [GREEDY] * 3, [0] * 3)
   after = _host_state(engine.insert_batch(prefix, state, [None, 0]))
   assert after.active.tolist() == [True, False, True, False]
-  assert after.cache.lengths.tolist() == [4, 0, 6, 0]
-  np.testing.assert_array_equal(after.cache.k[:, 1:], before.cache.k[:, 1:])
+  assert after.lengths.tolist() == [4, 0, 6, 0]
+  for k_after, k_before in zip(after.cache.k, before.cache.k):
+    np.testing.assert_array_equal(k_after[1:], k_before[1:])
   with pytest.raises(ValueError, match="repeat"):
     engine.insert_batch(prefix, engine.init_decode_state(), [1, 1])
   with pytest.raises(ValueError, match="outside"):
@@ -488,7 +490,7 @@ def test_free_slots_frees_exactly_the_masked_slots(params, engine):
     ref = engine.free_resource(ref, slot)
   a, b = _host_state(got), _host_state(ref)
   assert a.active.tolist() == [False, True, False, True]
-  assert a.cache.lengths.tolist() == [0, 4, 0, 6]
+  assert a.lengths.tolist() == [0, 4, 0, 6]
   for x, y, z in zip(jax.tree_util.tree_leaves(a),
                      jax.tree_util.tree_leaves(b),
                      jax.tree_util.tree_leaves(before)):

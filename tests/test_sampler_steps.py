@@ -170,12 +170,12 @@ def test_device_stops_slots_at_their_limits_and_stop_tokens(params, engine):
     np.testing.assert_array_equal(tokens[:n, slot], free_run[:n, slot])
     assert (tokens[n:, slot] == 0).all() and (
         np.asarray(logprobs)[n:, slot] == 0).all()
-  lengths = np.asarray(state.cache.lengths)
+  lengths = np.asarray(state.lengths)
   np.testing.assert_array_equal(lengths, [5 + n for n in ran])
   # No slot runs: the call ends at once (its rows are -1), nothing advances.
   state, tokens, _ = engine.generate(params, state, 6,
                                      steps_left=[0, 0, 0, 0])
-  np.testing.assert_array_equal(np.asarray(state.cache.lengths), lengths)
+  np.testing.assert_array_equal(np.asarray(state.lengths), lengths)
   assert (np.asarray(tokens) == -1).all()
 
 

@@ -11,8 +11,9 @@ What is counted, per device:
 - opt_state: what `optimizer.init` creates (adamw: two moments shaped like
   the params, plus scalar counters), moments sharded like their parameter;
 - grads: one gradient per parameter, same dtype and sharding;
-- kv_cache: the sampler's k and v caches, (layers, slots, cache_len, kv_heads,
-  head_dim) in compute dtype, sharded by `transformer.CACHE_LOGICAL`;
+- kv_cache: the sampler's keys and values in compute dtype, slots (or a
+  paged pool's pages) over the batch axes and kv heads over `tensor`:
+  layers x slots x cache_len entries, or layers x kv_pages x page_size;
 - activations: an estimate for one train step over `train_rows` sequences of
   `train_len` tokens (see `activation_estimate`).
 
@@ -195,7 +196,8 @@ class PlanInputs:
 
   train_rows: sequences in one train step (rl.minibatch_prompts x
     rl.samples_per_prompt: one row per response). train_len: their padded
-    length (the largest of rl.train_len_buckets).
+    length (the largest of rl.train_len_buckets). page_size, kv_pages:
+    the sampler's KV layout (sampler.page_size, sampler.kv_pages; 0: rows).
   """
 
   model: ModelConfig
@@ -205,6 +207,8 @@ class PlanInputs:
   cache_len: int
   train_rows: int
   train_len: int
+  page_size: int = 0
+  kv_pages: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,19 +249,43 @@ def make_plan(inputs: PlanInputs, optimizer: optax.GradientTransformation
   opt_state = jax.eval_shape(optimizer.init, params)
   opt_sh = train_step.opt_state_shardings(optimizer, params, params_sh,
                                           sharder)
-  cache = jax.eval_shape(lambda: transformer.init_cache(
-      cfg, inputs.max_slots, inputs.cache_len))
   param_bytes = tree_bytes_per_device(params, params_sh)
   return MemoryPlan(
       mesh=dict(inputs.mesh),
       params=param_bytes,
       opt_state=tree_bytes_per_device(opt_state, opt_sh),
       grads=param_bytes,
-      kv_cache=tree_bytes_per_device(cache, transformer.cache_shardings(
-          cfg, sharder, inputs.max_slots, inputs.cache_len,
-          f"sampler KV cache (sampler.max_slots={inputs.max_slots})")),
+      kv_cache=kv_cache_bytes(inputs, sharder),
       activations=activation_estimate(cfg, sharder, inputs.train_rows,
                                       inputs.train_len))
+
+
+def kv_cache_bytes(inputs: PlanInputs, sharder: Sharder) -> int:
+  """Per-device bytes of the sampler's keys and values: rows of cache_len
+  per slot, or (page_size > 0) a pool of kv_pages pages, sliding layers'
+  rings per slot either way."""
+  cfg = inputs.model
+  slots, length = inputs.max_slots, inputs.cache_len
+
+  def cache_bytes(batch: int, entries: int, what: str):
+    cache = jax.eval_shape(lambda: transformer.init_cache(cfg, batch,
+                                                          entries))
+    shardings = transformer.cache_shardings(cfg, sharder, batch, entries,
+                                            what)
+    sizes = {name: tree_bytes_per_device(getattr(cache, name),
+                                         getattr(shardings, name))
+             for name in ("k", "v", "local_k", "local_v")
+             if getattr(cache, name) is not None}
+    return sizes.get("k", 0) + sizes.get("v", 0), sizes.get(
+        "local_k", 0) + sizes.get("local_v", 0)
+
+  what = f"sampler KV cache (sampler.max_slots={slots})"
+  full, rings = cache_bytes(slots, length, what)
+  if inputs.page_size:
+    pages = inputs.kv_pages or slots * -(-length // inputs.page_size)
+    full, _ = cache_bytes(pages, inputs.page_size,
+                          f"sampler KV pool (sampler.kv_pages={pages})")
+  return full + rings
 
 
 def format_table(plan: MemoryPlan, device_gb: float | None = None) -> str:
@@ -326,6 +354,8 @@ def plan_for_config(config: Any, mesh: Mapping[str, int],
       rules=rules_from_config(config.sharding.rules),
       max_slots=int(config.sampler.max_slots),
       cache_len=int(config.sampler.cache_len),
+      page_size=int(config.sampler.get("page_size", 0)),
+      kv_pages=int(config.sampler.get("kv_pages", 0)),
       train_rows=int(rl.minibatch_prompts * rl.samples_per_prompt),
       train_len=int(max(rl.train_len_buckets or (config.model.max_seq_len,))))
   return make_plan(inputs, optimizer)
@@ -384,5 +414,16 @@ def aot_report(config: Any, topology: str) -> dict[str, Any]:
           file=sys.stderr, flush=True)
   return dict(topology=topology, devices=len(devices), mesh=sizes,
               seq_len=int(config.model.max_seq_len), hbm_bytes=hbm,
-              functions=functions,
+              functions=functions, kv_cache=kv_cache_report(config, sharder),
               fits=all(f["fits"] for f in functions.values()))
+
+
+MEAN_LIVE = (2048, 8192, 16384)
+
+
+def kv_cache_report(config: Any, sharder: Sharder) -> dict[str, Any]:
+  """The sampler's KV cache per chip and how many sequences it holds at
+  mean live lengths MEAN_LIVE (`Engine.kv_capacity`)."""
+  sampler = to_dataclass(SamplerConfig, config.sampler, "sampler")
+  engine = make_engine(model_config(config), sampler, sharder)
+  return engine.kv_capacity(MEAN_LIVE)

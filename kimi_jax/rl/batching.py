@@ -52,6 +52,13 @@ class Minibatch:
   ref_seq_logp_PxK: log pi_theta_i(y|x) over the mask, the iteration's
     reference (zeros until computed).
   sampler_seq_logp_PxK: the same sum from the sampler's log-probs.
+  sampler_logp_RxT: the sampler's log-prob of every response target (each
+    segment's from the policy that sampled it); 0 elsewhere.
+  current_RxT: True on response targets sampled in this iteration (by
+    pi_theta_i, the weights the trainer starts from): the tokens the
+    sampler-trainer gap is measured on.
+  ref_logp_RxT: log pi_theta_i of every target, the trainer's; computed
+    only for truncated importance sampling (rl.tis_cap), zeros otherwise.
   """
 
   rows: TokenRows
@@ -62,6 +69,9 @@ class Minibatch:
   correct_PxK: np.ndarray
   ref_seq_logp_PxK: np.ndarray
   sampler_seq_logp_PxK: np.ndarray
+  sampler_logp_RxT: np.ndarray
+  current_RxT: np.ndarray
+  ref_logp_RxT: np.ndarray
 
   @property
   def group_shape(self) -> tuple[int, int]:
@@ -155,7 +165,10 @@ def empty_minibatch(P: int, K: int, R: int, T: int, pad_id: int,
       reward_PxK=np.zeros((P, K), np.float32),
       correct_PxK=np.zeros((P, K), bool),
       ref_seq_logp_PxK=np.zeros((P, K), np.float32),
-      sampler_seq_logp_PxK=np.zeros((P, K), np.float32))
+      sampler_seq_logp_PxK=np.zeros((P, K), np.float32),
+      sampler_logp_RxT=np.zeros((R, T), np.float32),
+      current_RxT=np.zeros((R, T), bool),
+      ref_logp_RxT=np.zeros((R, T), np.float32))
 
 
 def abstract_minibatch(P: int, K: int, R: int, T: int,
@@ -219,13 +232,17 @@ def packed_minibatch(groups: list[replay_buffer.Group],
       rows_.positions_RxT[r, span] = np.arange(m)
       rows_.segment_ids_RxT[r, span] = segment
       out.seq_RxT[r, span] = p * K + j
-      resp_mask = replay_buffer.loss_mask(traj.token_versions(), version,
+      versions = traj.token_versions()
+      resp_mask = replay_buffer.loss_mask(versions, version,
                                           train_on_old_segments)
       start = col + len(seq) - traj.length - 1
-      rows_.mask_RxT[r, start:start + traj.length] = resp_mask
+      resp = slice(start, start + traj.length)
+      rows_.mask_RxT[r, resp] = resp_mask
+      logprobs = np.asarray(traj.logprobs, np.float64)
+      out.sampler_logp_RxT[r, resp] = logprobs
+      out.current_RxT[r, resp] = versions == version
       out.lengths_PxK[p, j] = traj.length
-      out.sampler_seq_logp_PxK[p, j] = float(
-          np.sum(np.asarray(traj.logprobs, np.float64)[resp_mask]))
+      out.sampler_seq_logp_PxK[p, j] = float(np.sum(logprobs[resp_mask]))
       col += m
   return out
 

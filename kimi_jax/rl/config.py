@@ -48,6 +48,11 @@ class RLConfig(AdamWConfig):
   # before the updates; "sampler" sums the sampler's log-probs of the same
   # tokens (equal to within ~1e-5, see tests) and saves that pass.
   reference_logprobs: str = "recompute"
+  # Truncated importance sampling of the policy-gradient term: each loss
+  # token's weight is min(pi_theta_i / sampler prob, tis_cap), correcting
+  # for the gap between the sampler's and the trainer's log-probs
+  # (losses.mirror_descent_seq_loss). None or 0: off.
+  tis_cap: float | None = None
   length_reward_weight: float = 0.0
   length_reward_warmup: int = 0
   repeat_penalty: float = -1.0
@@ -92,6 +97,19 @@ class RLConfig(AdamWConfig):
       bad("reference_logprobs", "'sampler' needs train_on_old_segments="
           "False: tokens of earlier segments were sampled by older policies, "
           "so their sampler log-probs are not log pi_theta_i")
+    if self.tis_cap is not None:
+      if (isinstance(self.tis_cap, bool)
+          or not isinstance(self.tis_cap, (int, float))):
+        bad("tis_cap", f"must be a number or None, got {self.tis_cap!r}")
+      if not self.tis_cap >= 0:
+        bad("tis_cap", f"must be >= 0 (None or 0: off), got {self.tis_cap}")
+      if self.tis_cap and self.loss != "mirror_descent":
+        bad("tis_cap", f"weights the mirror-descent loss; rl.loss is "
+            f"{self.loss!r}")
+      if self.tis_cap and self.reference_logprobs != "recompute":
+        bad("tis_cap", "needs rl.reference_logprobs='recompute': the "
+            "weights compare the trainer's log-probs with the sampler's, "
+            "and 'sampler' takes the one for the other")
     if self.max_wait_iterations < 0:
       bad("max_wait_iterations", "must be >= 0")
     if self.queued_prompts < 0:
@@ -107,3 +125,8 @@ class RLConfig(AdamWConfig):
       bad("train_len_buckets", "must be strictly increasing")
     if self.eval_every < 0:
       bad("eval_every", "must be >= 0 (0 disables periodic evaluation)")
+
+  @property
+  def tis(self) -> bool:
+    """Whether truncated importance sampling is on (rl.tis_cap > 0)."""
+    return bool(self.tis_cap)

@@ -13,6 +13,20 @@ that step changes the parameters. It owns the RL optimizer, the train state's sh
 jitted train step per minibatch shape (shapes are bucketed, so the cache
 stays small).
 
+The sampler-trainer gap (`logprob_gap_abs`, `logprob_gap_kl`) compares
+the sampler's log-probs of the tokens it sampled in this iteration with the
+trainer's log pi_theta_i of the same tokens: the iteration's reference
+policy is the sampling policy (the loop hands the trainer's parameters to
+the sampler before the rollout), so both are the same weights and the gap
+is numerics alone. Tokens of earlier segments of a partial rollout were
+sampled under older weights and are left out of it. It is read where the
+trainer computes log pi_theta_i anyway: the reference pass, and the first
+step, which runs at theta_i (with rl.reference_logprobs='sampler' no
+reference pass runs, so only the first minibatch is measured). With
+rl.tis_cap the reference pass also keeps every token's log pi_theta_i (the
+importance weights' numerator), so it runs for the first minibatch too
+instead of that step computing its own.
+
 Nothing waits on the device just to log: a step's metrics are read back
 after the next step has been dispatched, and the NaN guard (the step itself
 refuses a non-finite update) is checked as they arrive.
@@ -38,6 +52,7 @@ from kimi_jax.sharding import (Sharder, abstract_arrays, batch_shardings,
 from kimi_jax.token_rows import image_slots
 
 _MEAN_KEYS = ("loss", "grad_norm", "update_norm", "param_norm")
+_GAP_KEYS = ("gap_abs_sum", "gap_kl_sum", "gap_tokens")
 
 
 def _shape_key(mb: Minibatch) -> tuple:
@@ -57,8 +72,11 @@ class Learner:
     self.optimizer = ts.make_optimizer(rl.optimizer())
     self.shardings = ts.state_shardings(self.optimizer, model, sharder)
     self._reset = ts.make_reset_optimizer(self.optimizer, self.shardings)
+    # log pi(y|x) alone, for callers that need only the sums.
     self._seq_logp = jax.jit(functools.partial(trainer.seq_logp, cfg=model,
                                                sharder=sharder))
+    self._reference = jax.jit(functools.partial(
+        trainer.reference, cfg=model, sharder=sharder, token_level=rl.tis))
     self._steps: dict[tuple, Callable] = {}
     # The step's self_reference flags (see trainer.policy_loss), placed on
     # first use (a compile-only mesh, as for AOT, holds no arrays).
@@ -125,33 +143,38 @@ class Learner:
                                   sharding=self.sharder.replicated())
       out[f"rl_train_step_T{T}"] = (self._step_fn(mb), (state, (mb, flag)))
     T = self.len_buckets[-1]
-    out[f"reference_logprobs_T{T}"] = (self._seq_logp,
+    out[f"reference_logprobs_T{T}"] = (self._reference,
                                        (state.params, minibatch(T)))
     return out
 
   def reference(self, params, placed: Sequence[Minibatch], *,
                 skip_first: bool = False
-                ) -> tuple[list[Minibatch], list[Any]]:
+                ) -> tuple[list[Minibatch], list[dict[str, Any] | None]]:
     """Each minibatch with ref_seq_logp_PxK = log pi_theta_i(y|x) under
-    `params` (recomputed, or the sampler's sums: rl.reference_logprobs),
-    and the recomputed values replicated, for every host to read (None
-    when the sampler's are used). skip_first: the first minibatch is left
-    as it is (its first step computes its reference itself)."""
-    out, readable = [], []
+    `params` (recomputed, or the sampler's sums: rl.reference_logprobs)
+    and, with rl.tis_cap, ref_logp_RxT; and what each recomputation
+    measured, replicated for every host to read: seq_logp_PxK and the
+    sampler-trainer gap sums (`trainer.gap_sums`); None when the sampler's
+    are used. skip_first: the first minibatch is left as it is (its first
+    step computes its reference itself)."""
+    out, measured = [], []
     for i, mb in enumerate(placed):
-      if skip_first and i == 0:
+      sampler = self.rl.reference_logprobs == "sampler"
+      if sampler:
+        mb = mb.replace(ref_seq_logp_PxK=mb.sampler_seq_logp_PxK)
+      if sampler or (skip_first and i == 0):
         out.append(mb)
-        readable.append(None)
+        measured.append(None)
         continue
-      if self.rl.reference_logprobs == "sampler":
-        out.append(mb.replace(ref_seq_logp_PxK=mb.sampler_seq_logp_PxK))
-        readable.append(None)
-        continue
-      ref = self._seq_logp(params, mb)  # replicated
-      out.append(mb.replace(ref_seq_logp_PxK=jax.device_put(
-          ref, mb.ref_seq_logp_PxK.sharding)))
-      readable.append(ref)
-    return out, readable
+      got = self._reference(params, mb)
+      mb = mb.replace(ref_seq_logp_PxK=jax.device_put(
+          got["seq_logp_PxK"], mb.ref_seq_logp_PxK.sharding))
+      if "logp_RxT" in got:
+        mb = mb.replace(ref_logp_RxT=jax.device_put(
+            got.pop("logp_RxT"), mb.ref_logp_RxT.sharding))
+      out.append(mb)
+      measured.append(got)
+    return out, measured
 
   def train(self, state: ts.TrainState, minibatches: Sequence[Minibatch]
             ) -> tuple[ts.TrainState, dict[str, float]]:
@@ -169,8 +192,11 @@ class Learner:
     placed = [place_batch(self.sharder, mb) for mb in minibatches]
     # The reference pi_theta_i: the policy before this iteration's updates.
     # Recomputed, the first minibatch's comes out of its own first step.
-    fused = self.rl.reference_logprobs == "recompute"
-    placed, refs = self.reference(state.params, placed, skip_first=fused)
+    # Truncated importance sampling needs every token's reference, which
+    # the step does not return: the reference pass covers all minibatches.
+    fused = self.rl.reference_logprobs == "recompute" and not self.rl.tis
+    placed, measured = self.reference(state.params, placed,
+                                      skip_first=fused)
     jax.block_until_ready([mb.ref_seq_logp_PxK for mb in placed])
     t1 = time.perf_counter()
     history: list[dict[str, Any]] = []
@@ -184,7 +210,7 @@ class Learner:
         if first:
           placed[0] = mb.replace(ref_seq_logp_PxK=jax.device_put(
               own_PxK, mb.ref_seq_logp_PxK.sharding))
-          refs[0] = own_PxK
+          measured[0] = {"seq_logp_PxK": own_PxK}
         if pending is not None:
           history.append(self._checked(jax.device_get(pending)))
         pending = metrics
@@ -195,6 +221,17 @@ class Learner:
     real_tokens = sum(int((mb.rows.segment_ids_RxT > 0).sum())
                       for mb in minibatches)
     stats = {k: float(np.mean([h[k] for h in history])) for k in _MEAN_KEYS}
+    measured = jax.device_get(measured)
+    if "gap_tokens" not in (measured[0] or {}):
+      # No reference pass measured the first minibatch (fused, or the
+      # sampler's reference); its first step ran at theta_i, so its gap
+      # stands in.
+      measured[0] = dict(measured[0] or {},
+                         **{k: history[0][k] for k in _GAP_KEYS})
+    stats.update(_gap_stats(measured))
+    if self.rl.tis:
+      for k in ("tis_weight_mean", "tis_clipped_frac"):
+        stats[k] = float(np.mean([h[k] for h in history]))
     if "log_ratio_sq_mean" in history[0]:
       # How far the steps moved from the iteration's reference: eq. 3's
       # penalty is tau/2 times this. The first step reads 0 by definition.
@@ -205,7 +242,8 @@ class Learner:
         reference_s=t1 - t0, update_s=t2 - t1,
         train_s=t2 - t0,
         train_tokens_per_s=n_tokens * self.rl.epochs / max(t2 - t1, 1e-9),
-        logp_mismatch=_mismatch(minibatches, refs),
+        logp_mismatch=_mismatch(minibatches, [
+            (m or {}).get("seq_logp_PxK") for m in measured]),
         train_len_max=max(mb.rows.shape[1] for mb in minibatches),
         # Sequence tokens (prompts and responses) / tokens the train steps
         # ran: what packing and the length buckets leave as padding.
@@ -226,6 +264,20 @@ class Learner:
           f"{metrics['grad_norm']} is not finite; the update was not applied "
           "and the last good checkpoint is kept")
     return metrics
+
+
+def _gap_stats(sums: Sequence[dict[str, Any] | None]) -> dict[str, float]:
+  """logprob_gap_abs / logprob_gap_kl: the mean |trainer - sampler| and
+  k3 KL(sampler || trainer) per token sampled in this iteration, over the
+  minibatches measured (None: not measured); logprob_gap_tokens: how many
+  tokens that is. NaN without any token."""
+  sums = [s for s in sums if s is not None]
+  n = float(sum(s["gap_tokens"] for s in sums))
+  mean = lambda k: (float(sum(s[k] for s in sums)) / n if n
+                    else float("nan"))
+  return {"logprob_gap_abs": mean("gap_abs_sum"),
+          "logprob_gap_kl": mean("gap_kl_sum"),
+          "logprob_gap_tokens": n}
 
 
 def _mismatch(host: Sequence[Minibatch], refs: Sequence[Any]) -> float:

@@ -42,6 +42,34 @@ def seq_logp(params, mb: Minibatch, *, cfg: ModelConfig,
       out, sharder.replicated())
 
 
+def gap_sums(token_logp_RxT: jax.Array, mb: Minibatch,
+             sharder: Sharder | None) -> dict[str, jax.Array]:
+  """`losses.logprob_gap_sums` of the trainer's log-probs against the
+  sampler's over the tokens sampled in this iteration (`current_RxT`),
+  replicated for every host to read."""
+  out = losses.logprob_gap_sums(jax.lax.stop_gradient(token_logp_RxT),
+                                mb.sampler_logp_RxT, mb.current_RxT)
+  return out if sharder is None else jax.lax.with_sharding_constraint(
+      out, sharder.replicated())
+
+
+def reference(params, mb: Minibatch, *, cfg: ModelConfig,
+              sharder: Sharder | None, token_level: bool = False
+              ) -> dict[str, jax.Array]:
+  """The iteration's reference under `params` (theta_i), one forward pass:
+  seq_logp_PxK (`seq_logp`, replicated), the sampler-trainer gap sums
+  (`gap_sums`) and, with `token_level`, every target's log-prob
+  (logp_RxT, for truncated importance sampling)."""
+  logp_RxT = token_logp_RxT(params, mb.rows, cfg=cfg, sharder=sharder)
+  seq = _per_response(logp_RxT, mb)
+  if sharder is not None:
+    seq = jax.lax.with_sharding_constraint(seq, sharder.replicated())
+  out = dict(gap_sums(logp_RxT, mb, sharder), seq_logp_PxK=seq)
+  if token_level:
+    out["logp_RxT"] = logp_RxT
+  return out
+
+
 def policy_loss(params, mb: Minibatch, *, cfg: ModelConfig, rl: RLConfig,
                 sharder: Sharder | None, self_reference=None):
   """Mirror descent (report eq. 3) or ReST, chosen by `rl.loss`.
@@ -52,10 +80,18 @@ def policy_loss(params, mb: Minibatch, *, cfg: ModelConfig, rl: RLConfig,
   (stop-gradient) instead of `mb.ref_seq_logp_PxK` - exact when params are
   theta_i, as in the first step of an iteration. The metrics carry
   `seq_logp_PxK` (stop-gradient), so that step's values serve as the
-  minibatch's reference afterwards.
+  minibatch's reference afterwards, and the sampler-trainer gap sums
+  (`gap_sums`) of this call's parameters: the learner reads them from a
+  step at theta_i.
+
+  With rl.tis_cap the policy-gradient term weights each token by
+  `losses.tis_weights` of `mb.ref_logp_RxT` (the trainer's log pi_theta_i,
+  which the learner computes in its reference pass) against the sampler's
+  log-probs.
   """
-  seq_logp_PxK = _per_response(
-      token_logp_RxT(params, mb.rows, cfg=cfg, sharder=sharder), mb)
+  logp_RxT = token_logp_RxT(params, mb.rows, cfg=cfg, sharder=sharder)
+  seq_logp_PxK = _per_response(logp_RxT, mb)
+  gap = gap_sums(logp_RxT, mb, sharder)
   own_PxK = jax.lax.stop_gradient(seq_logp_PxK)
   if sharder is not None:
     own_PxK = jax.lax.with_sharding_constraint(own_PxK, sharder.replicated())
@@ -63,13 +99,21 @@ def policy_loss(params, mb: Minibatch, *, cfg: ModelConfig, rl: RLConfig,
     n_tokens_PxK = _per_response(mb.rows.mask_RxT, mb)
     loss, metrics = losses.rest_seq_loss(seq_logp_PxK, n_tokens_PxK,
                                          mb.correct_PxK)
-    return loss, dict(metrics, seq_logp_PxK=own_PxK)
+    return loss, dict(metrics, **gap, seq_logp_PxK=own_PxK)
   ref_PxK = mb.ref_seq_logp_PxK
   if self_reference is not None:
     ref_PxK = jnp.where(self_reference, own_PxK, ref_PxK)
+  pg_seq_PxK, tis = None, {}
+  if rl.tis:
+    w_RxT = losses.tis_weights(mb.ref_logp_RxT, mb.sampler_logp_RxT,
+                               mb.rows.mask_RxT, cap=rl.tis_cap)
+    pg_seq_PxK = _per_response(w_RxT * logp_RxT, mb)
+    tis = losses.tis_stats(w_RxT, mb.rows.mask_RxT, cap=rl.tis_cap)
   loss, metrics = losses.mirror_descent_seq_loss(
       seq_logp_PxK, ref_PxK, mb.reward_PxK, tau=rl.tau,
-      baseline_kind=rl.baseline, valid_P=mb.valid_P)
+      baseline_kind=rl.baseline, valid_P=mb.valid_P,
+      pg_seq_logp_PxK=pg_seq_PxK)
+  metrics.update(gap, **tis)
   metrics["n_tokens"] = mb.rows.mask_RxT.sum()
   metrics["seq_logp_PxK"] = own_PxK
   return loss, metrics

@@ -30,6 +30,10 @@ class SamplerConfig:
   more steps cut host overhead, a slot that stops mid-call idles for the
   rest of it. Results do not depend on it. The default, 16, is what every
   shipped experiment uses.
+
+  page_size, kv_pages, min_view: the KV cache's layout (see
+  `EngineConfig`): page_size 0 keeps a row of cache_len entries per slot;
+  kv_pages 0 sizes the pool for every slot at cache_len.
   """
 
   max_slots: int
@@ -42,6 +46,9 @@ class SamplerConfig:
   repeat_ngram: int = 3
   repeat_times: int = 4
   steps_per_call: int = 16
+  page_size: int = 0
+  kv_pages: int = 0
+  min_view: int = 64
 
   def __post_init__(self):
     if self.steps_per_call < 1:
@@ -59,7 +66,9 @@ class SamplerConfig:
     return EngineConfig(
         max_slots=self.max_slots, cache_len=self.cache_len,
         prefill_buckets=tuple(self.prefill_buckets) or None,
-        prefill_batch_buckets=tuple(self.prefill_batch_buckets) or None)
+        prefill_batch_buckets=tuple(self.prefill_batch_buckets) or None,
+        page_size=self.page_size, kv_pages=self.kv_pages or None,
+        min_view=self.min_view)
 
   @property
   def sampling(self) -> SamplingSettings:

@@ -16,6 +16,14 @@ When several hold at the same token the first in the list above wins, with
 
 `SampleResult.tokens` are G only; `logprobs` are log pi_theta of each token
 of G under the untempered model (see `sampling`).
+
+With a paged engine whose pool holds fewer pages than every slot at full
+length (`EngineConfig.kv_pages`), a request is admitted only while the pool
+has pages for its prompt and its first decode call, and when the running
+requests outgrow the pool the most recently admitted one is preempted: its
+slot and pages are freed and it goes back to the front of the queue with
+what it generated as a continued prefix (its sampling keys are per token
+index, so it resumes where it stopped). Its result joins both parts.
 """
 
 from __future__ import annotations
@@ -161,7 +169,8 @@ def image_problems(req: SampleRequest, engine: Engine
 class SamplerStats:
   """Of one `generate` call. requests: those admitted (all of them unless a
   window closed first). slot_utilisation = kept decode tokens / (decode
-  steps x slots)."""
+  steps x slots). preemptions: requests a paged pool ran out for (see the
+  module doc); peak_pages: most pool pages held at once (0 for rows)."""
 
   requests: int
   tokens_generated: int
@@ -170,6 +179,8 @@ class SamplerStats:
   generate_calls: int
   slot_utilisation: float
   wall_seconds: float
+  preemptions: int = 0
+  peak_pages: int = 0
 
   @property
   def tokens_per_second(self) -> float:
@@ -190,10 +201,14 @@ class _Slots:
     self.budget = np.zeros((n_slots,), np.int64)
     # Slots whose first token (sampled by the prefill) is not read back yet.
     self.first_pending = np.zeros((n_slots,), bool)
+    self.admitted_at = np.zeros((n_slots,), np.int64)  # admission order
+    self._admissions = 0
 
   def admit(self, slot: int, index: int, req: SampleRequest,
             budget_cap: int | None = None) -> None:
     self.request[slot] = index
+    self._admissions += 1
+    self.admitted_at[slot] = self._admissions
     self.n_prefix[slot] = len(req.prefix)
     self.n_new[slot] = 0
     self.response[slot, :len(req.prefix)] = req.prefix
@@ -234,6 +249,11 @@ class _Slots:
     left = np.minimum(self.max_new - self.n_prefix - n_new,
                       self.budget - n_new)
     return np.where(self.request >= 0, left, 0)
+
+  def generated(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens and log-probs `slot` generated since its admission."""
+    lo, hi = self.n_prefix[slot], self.n_prefix[slot] + self.n_new[slot]
+    return self.response[slot, lo:hi], self.logprobs[slot, lo:hi]
 
   def result(self, slot: int, req: SampleRequest, code: int) -> SampleResult:
     lo, hi = self.n_prefix[slot], self.n_prefix[slot] + self.n_new[slot]
@@ -304,13 +324,17 @@ class Sampler:
     _check_window(window, min_admit)
     engine = self.engine
     start = time.perf_counter()
+    # What each request runs as now: the request itself, or after a
+    # preemption its continuation; `carried` holds the preempted parts.
+    requests, given = list(requests), requests
+    carried: dict[int, tuple[tuple, tuple]] = {}
     slots = _Slots(engine.max_concurrent_decodes, engine.cache_len,
                    max([len(r.stop_tokens) for r in requests] + [1]))
     results: list[SampleResult | None] = [None] * len(requests)
     pending = collections.deque(range(len(requests)))
     state = engine.init_decode_state() if requests else None
     decode_params = engine.decode_params(params) if requests else None
-    steps = calls = kept = prefill_tokens = 0
+    steps = calls = kept = prefill_tokens = preemptions = admissions = 0
     last_report = start
 
     # Rounds whose first tokens are read back with the next decode output.
@@ -322,6 +346,7 @@ class Sampler:
             params, requests, pending, slots, state, results, left)
         prefill_tokens += n_tokens
         kept += n_admitted
+        admissions += n_admitted
         late += round_late
       if not (slots.request >= 0).any():
         break  # all done, or the window has no room left for new requests
@@ -330,6 +355,9 @@ class Sampler:
       # request's tokens do not depend on when it starts.
       watch_steps = (window - steps - min_admit if pending and
                      window is not None else 0)
+      state, n_out = self._make_room(state, slots, requests, pending,
+                                     carried)
+      preemptions += n_out
       state, tokens_NxB, logprobs_NxB, firsts, rows = self._decode_call(
           decode_params, state, slots, late, watch_steps)
       calls += 1
@@ -347,15 +375,19 @@ class Sampler:
         print(f"sampler: {done}/{len(requests)} done, {kept} tokens, "
               f"{kept / (last_report - start):.0f} tok/s", file=sys.stderr)
 
+    results = _join_carried(results, carried, given)
     wall = time.perf_counter() - start
     admitted = len(requests) - len(pending)  # all, unless a window closed
-    decode_kept = kept - admitted
+    admitted += sum(i in pending for i in carried)
+    decode_kept = kept - admissions
     stats = SamplerStats(
         requests=admitted, tokens_generated=kept,
         prefill_tokens=prefill_tokens, decode_steps=steps,
         generate_calls=calls,
         slot_utilisation=decode_kept / max(steps * len(slots.request), 1),
-        wall_seconds=wall)
+        wall_seconds=wall, preemptions=preemptions,
+        peak_pages=0 if state is None or state.host.pages is None else
+        state.host.pages.peak)
     if progress:
       print(f"sampler: {len(requests)} requests, {kept} tokens in "
             f"{wall:.2f}s ({stats.tokens_per_second:.0f} tok/s)",
@@ -381,7 +413,65 @@ class Sampler:
       prefill_tokens += n_tokens
       admitted += n_admitted
       late += round_late
+      if not n_admitted:  # the pool has no pages for the next one yet
+        break
     return state, prefill_tokens, admitted, late
+
+  def _make_room(self, state: DecodeState, slots: _Slots,
+                 requests: list[SampleRequest], pending: collections.deque,
+                 carried: dict) -> tuple[DecodeState, int]:
+    """Preempts the most recently admitted running requests of each pool
+    shard short of pages until every shard has the pages of the next
+    decode call (a no-op for rows or a pool of every slot at full length).
+    Returns (state, requests preempted)."""
+    engine, pages = self.engine, state.host.pages
+    if pages is None:
+      return state, 0
+    n_out = 0
+    while True:
+      steps_B = np.minimum(slots.steps_left(), self.steps_per_call)
+      short = engine.pages_for_call(state, steps_B) > pages.free_per_shard()
+      if not short.any():
+        return state, n_out
+      # A preempted request resumes by a prefill of all it holds.
+      fits = (slots.n_prefix + slots.n_new + self._prompt_lens(
+          slots, requests) <= engine.max_prefill_len)
+      live = np.flatnonzero((slots.request >= 0) & ~slots.first_pending &
+                            fits & short[pages.shard_of])
+      if len(live) == 0:
+        raise RuntimeError(
+            f"sampler.kv_pages ({pages.n_pages} pages) cannot hold the "
+            f"running requests' next {self.steps_per_call} steps, and none "
+            f"can be preempted (its prompt and response exceed the largest "
+            f"prefill bucket {engine.max_prefill_len})")
+      slot = int(live[np.argmax(slots.admitted_at[live])])
+      self._preempt(slot, slots, requests, pending, carried)
+      state = engine.free_slots(state, np.arange(len(slots.request)) == slot)
+      n_out += 1
+
+  @staticmethod
+  def _preempt(slot: int, slots: _Slots, requests: list[SampleRequest],
+               pending: collections.deque, carried: dict) -> None:
+    """Puts slot's request back at the front of the queue as the
+    continuation of what it generated, kept in `carried`."""
+    i = int(slots.request[slot])
+    tokens, logprobs = slots.generated(slot)
+    tokens = tuple(int(t) for t in tokens)
+    before = carried.get(i, ((), ()))
+    carried[i] = (before[0] + tokens,
+                  before[1] + tuple(float(x) for x in logprobs))
+    requests[i] = dataclasses.replace(
+        requests[i], prefix=requests[i].prefix + tokens,
+        budget=int(slots.budget[slot] - slots.n_new[slot]))
+    slots.request[slot] = -1
+    pending.appendleft(i)
+
+  @staticmethod
+  def _prompt_lens(slots: _Slots, requests: Sequence[SampleRequest]
+                   ) -> np.ndarray:
+    """Prompt length of each slot's request (0 for free slots)."""
+    return np.asarray([len(requests[i].prompt) if i >= 0 else 0
+                       for i in slots.request], np.int64)
 
   def _decode_call(self, decode_params, state: DecodeState, slots: _Slots,
                    late: list[_Late], watch_steps: int
@@ -461,8 +551,12 @@ class Sampler:
     Returns (state, prefill tokens, requests admitted, late groups).
     """
     engine = self.engine
-    free = np.flatnonzero(slots.request < 0)
-    taken = [pending.popleft() for _ in range(min(len(free), len(pending)))]
+    free = self._admissible(state, requests, pending, slots,
+                            np.flatnonzero(slots.request < 0),
+                            min(int((slots.request < 0).sum()), len(pending)))
+    if not len(free):
+      return state, 0, 0, []
+    taken = [pending.popleft() for _ in range(len(free))]
     seqs = [requests[i].prompt + requests[i].prefix for i in taken]
     groups = admission_groups([len(q) for q in seqs], engine.bucket_for,
                               engine.max_prefill_batch)
@@ -495,6 +589,39 @@ class Sampler:
             for slot, done in zip(slots_g, done_g)])
     return state, sum(len(q) for q in seqs), len(taken), late
 
+  def _admissible(self, state: DecodeState,
+                  requests: Sequence[SampleRequest],
+                  pending: collections.deque, slots: _Slots, free: np.ndarray,
+                  n: int) -> np.ndarray:
+    """The free slots the first pending requests take, in order, as far as
+    the pool has pages for each one's prompt and prefix and its first
+    decode call in its slot's shard, after those the running requests need
+    for their next call (all of free[:n] for rows). At least one when
+    nothing runs (a shard holds one full slot)."""
+    engine = self.engine
+    pages = state.host.pages
+    if pages is None or n == 0:
+      return free[:n]
+    steps = self.steps_per_call
+    room = pages.free_per_shard() - engine.pages_for_call(
+        state, np.minimum(slots.steps_left(), steps))
+    nothing_runs = not (slots.request >= 0).any()
+    chosen = []
+    left = list(free)
+    for k in range(n):
+      req = requests[pending[k]]
+      need = engine.pages_for_tokens(min(
+          len(req.prompt) + len(req.prefix) + steps, engine.cache_len))
+      slot = next((b for b in left if room[pages.shard_of[b]] >= need), None)
+      if slot is None and nothing_runs and not chosen:
+        slot = left[0]
+      if slot is None:
+        break
+      chosen.append(slot)
+      left.remove(slot)
+      room[pages.shard_of[slot]] -= need
+    return np.asarray(chosen, np.int64)
+
   def _watch(self, slots: _Slots, steps: int) -> FinishWatch:
     """The device's view of every finish rule, to end a call at the first
     finish within `steps` steps (see `engine.FinishWatch`)."""
@@ -526,6 +653,21 @@ class Sampler:
       results[i] = slots.result(slot, requests[i], code)
       slots.request[slot] = -1
     return codes > 0
+
+
+def _join_carried(results: list[SampleResult | None], carried: dict,
+                  given: Sequence[SampleRequest]) -> list[SampleResult | None]:
+  """Results of preempted requests with their earlier parts in front; one
+  that never resumed (its window closed) ends as a "budget" result."""
+  out = list(results)
+  for i, (tokens, logprobs) in carried.items():
+    last = out[i]
+    if last is None:
+      out[i] = SampleResult(given[i].id, tokens, logprobs, "budget")
+    else:
+      out[i] = dataclasses.replace(last, tokens=tokens + last.tokens,
+                                   logprobs=logprobs + last.logprobs)
+  return out
 
 
 def _check_window(window: int | None, min_admit: int) -> None:

@@ -16,14 +16,25 @@ of per request); the single-request methods are those with one row:
   free_slots(state, mask_B)            -> DecodeState (masked slots free)
 
 Every call is one jitted function. The decode state is donated, so the cache
-is updated in place. On a mesh (`sharder`), slots are split over the batch
+is updated in place.
+
+The cache of the full-attention layers is either rows (every slot owns
+`cache_len` entries) or pages (`EngineConfig.page_size` > 0: one pool of
+`kv_pages` pages shared by the slots, taken when a slot needs them and
+given back when it is freed; see `kimi_jax.sampler.pages`). Either way a
+decode step reads, per slot, only up to a bound the host picks per
+`generate` call from the longest live slot (the next of a few view
+lengths), so its cost follows the live tokens, not the reserved length
+(`kimi_jax.model.decode`). The engine keeps, on the host, each slot's cache
+length and its pages: one decode state per engine is live at a time
+(`init_decode_state` starts a fresh one). On a mesh (`sharder`), slots are split over the batch
 mesh axes (data, fsdp) and key/value heads over `tensor`, exactly as the
 trainer shards activations; params keep the trainer's shardings.
 
 Compilations are bounded: a prefill pads its prompts to the smallest of a
 few length buckets and its batch to the smallest of a few batch buckets, so
 prefill_batch and insert_batch compile at most once per (length bucket, batch
-bucket) pair used; generate once per distinct `n_steps`; init and
+bucket) pair used; generate once per distinct (`n_steps`, view length) pair; init and
 free_slots once. `compile_count()` reports the traces so far (each trace
 is one compilation); `warm_up_admission` compiles every batched pair ahead.
 """
@@ -32,14 +43,16 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kimi_jax.model import transformer
+from kimi_jax.model import decode, transformer
 from kimi_jax.model.config import ModelConfig
+from kimi_jax.sampler.pages import HostBook, PageTable, PoolExhausted
 from kimi_jax.sampler.repetition import repeating_on_device
 from kimi_jax.sampler.sampling import (SamplingParams, SlotSampling,
                                        empty_slot_sampling, sample_tokens,
@@ -96,12 +109,23 @@ class EngineConfig:
   two from 16 up to cache_len, plus cache_len). prefill_batch_buckets: padded
   batch sizes of a batched prefill (default: powers of two from 1 up to
   max_slots, plus max_slots); the largest caps a batch, and with it the
-  prefill's activations (batch x length bucket)."""
+  prefill's activations (batch x length bucket).
+
+  page_size: 0 keeps each slot's full-attention cache as a row of
+  cache_len entries; > 0 keeps one pool of `kv_pages` pages of page_size
+  entries (default kv_pages: enough for every slot at cache_len; fewer
+  bound the concurrent sequences by live tokens instead, and the sampler
+  preempts a sequence when they run out). min_view: the shortest cache
+  view a decode step reads (views are min_view x 2^i, capped at
+  cache_len); each view length used compiles `generate` once."""
 
   max_slots: int
   cache_len: int
   prefill_buckets: tuple[int, ...] | None = None
   prefill_batch_buckets: tuple[int, ...] | None = None
+  page_size: int = 0
+  kv_pages: int | None = None
+  min_view: int = 64
 
   def __post_init__(self):
     if self.max_slots < 1:
@@ -116,6 +140,55 @@ class EngineConfig:
     if not n or list(n) != sorted(set(n)) or n[0] < 1 or n[-1] > self.max_slots:
       raise ValueError(f"sampler.prefill_batch_buckets must be increasing, in "
                        f"[1, max_slots={self.max_slots}], got {n}")
+    if self.page_size < 0:
+      raise ValueError(f"sampler.page_size must be >= 0 (0: rows), got "
+                       f"{self.page_size}")
+    if self.kv_pages is not None and (not self.page_size or
+                                      self.kv_pages < self.pages_per_slot):
+      raise ValueError(f"sampler.kv_pages needs sampler.page_size > 0 and at "
+                       f"least one full slot ({self.pages_per_slot} pages), "
+                       f"got kv_pages={self.kv_pages}, page_size="
+                       f"{self.page_size}")
+    if self.min_view < 1:
+      raise ValueError(f"sampler.min_view must be >= 1, got {self.min_view}")
+
+  @property
+  def paged(self) -> bool:
+    return self.page_size > 0
+
+  @property
+  def pages_per_slot(self) -> int:
+    """Pages that hold a full slot (cache_len entries)."""
+    return -(-self.cache_len // max(self.page_size, 1))
+
+  @property
+  def n_pages(self) -> int:
+    """The pool's pages (paged only)."""
+    if self.kv_pages is not None:
+      return self.kv_pages
+    return self.max_slots * self.pages_per_slot
+
+  @property
+  def views(self) -> tuple[int, ...]:
+    """The view lengths a decode step may read: entries per row, or (paged)
+    pages per slot."""
+    if self.paged:
+      top, n = self.pages_per_slot, -(-self.min_view // self.page_size)
+    else:
+      top, n = self.cache_len, self.min_view
+    out = []
+    while n < top:
+      out.append(n)
+      n *= 2
+    return tuple(out) + (top,)
+
+  def view_for(self, n_entries: int) -> int:
+    """The smallest view that covers n_entries entries of every slot."""
+    unit = self.page_size if self.paged else 1
+    for v in self.views:
+      if v * unit >= n_entries:
+        return v
+    return self.views[-1]
 
   @property
   def buckets(self) -> tuple[int, ...]:
@@ -141,18 +214,21 @@ class EngineConfig:
 class DecodeState(NamedTuple):
   """Everything about the B slots that lives on device.
 
-  cache: the KV cache; cache.lengths_B = tokens of each slot in the cache.
+  cache: the KV cache (`decode.DecodeCache`, rows or pages).
+  lengths_B: tokens of each slot in the cache.
   tokens_B: the last sampled token of each slot (input of the next step).
   index_B: response index of the next token to sample (its key's fold-in).
   active_B: slots holding a live sequence.
   sampling: per-slot sampling settings.
   """
 
-  cache: transformer.KVCache
+  cache: decode.DecodeCache
+  lengths: jax.Array
   tokens: jax.Array
   index: jax.Array
   active: jax.Array
   sampling: SlotSampling
+  host: HostBook | None = None
 
 
 class Prefix(NamedTuple):
@@ -164,7 +240,8 @@ class Prefix(NamedTuple):
   `transformer.KVCache`; None otherwise). token/logprob: each row's first
   sampled token and its log-prob. index: response index of the token after
   `token`. Every field but the caches has a leading N; rows past the real
-  sequences are padding.
+  sequences are padding. host_length: the real lengths as the host knows
+  them (numpy; not passed to the device).
   """
 
   k: jax.Array
@@ -176,6 +253,7 @@ class Prefix(NamedTuple):
   sampling: SlotSampling
   local_k: jax.Array | None = None
   local_v: jax.Array | None = None
+  host_length: np.ndarray | None = None
 
 
 class Engine:
@@ -191,20 +269,27 @@ class Engine:
     self.sharder = sharder
     # A vision model never samples its image placeholder (see sample_tokens).
     self._never = None if cfg.vision is None else cfg.vision.image_token_id
-    self._decode_params_jit = jax.jit(transformer.to_decode_params)
+    self._decode_params_jit = jax.jit(decode.to_decode_params)
     self._traces: collections.Counter[str] = collections.Counter()
     self._param_shardings = self._make_param_shardings()
     self._host_sharding = (
         jax.sharding.SingleDeviceSharding(jax.devices()[0])
         if sharder is None else sharder.replicated())
     self._state_shardings = self._make_state_shardings()
+    # A paged pool splits over the batch axes as the slots do.
+    self._pool_shards = 1
+    if engine_cfg.paged and sharder is not None:
+      self._pool_shards = sharder.axis_size(sharder.rule_map.get("batch",
+                                                                 ()))
+    self._new_book()  # a pool that cannot split fails here, naming its key
     self._init_jit = jax.jit(self._init_fn,
                              out_shardings=self._state_shardings)
-    self._generate_jit = jax.jit(self._generate_fn, static_argnums=(2, 3),
-                                 donate_argnums=(1,))
+    self._generate_jit = jax.jit(self._generate_fn,
+                                 static_argnums=(2, 3, 4),
+                                 donate_argnums=(0,))
     self._prefill_batch_jit = jax.jit(self._prefill_batch_fn)
     self._insert_batch_jit = jax.jit(self._insert_batch_fn,
-                                     donate_argnums=(1,),
+                                     donate_argnums=(0,),
                                      out_shardings=self._state_shardings)
     self._free_slots_jit = jax.jit(self._free_slots_fn, donate_argnums=(0,),
                                    out_shardings=self._state_shardings)
@@ -258,14 +343,80 @@ class Engine:
       device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
       return jax.tree_util.tree_map(lambda _: device, abstract)
     s = self.sharder
-    cache = transformer.cache_shardings(self.cfg, s,
-                                        self.max_concurrent_decodes,
-                                        self.cache_len, "decode_state.cache")
+    # Rows: slots over the batch axes, kv heads over `tensor`. Pages: the
+    # pool's pages over the batch axes too, each shard's slots taking pages
+    # of its own part (see decode.py).
+    first = "batch"
+
+    def layers(name, xs, first, transposed=False):
+      logical = (first, "kv_heads", "length", "head_dim")
+      if transposed:
+        logical = (first, "kv_heads", "head_dim", "length")
+      return [s.param_sharding(f"decode_state.cache.{name}[{i}]", x.shape,
+                               logical) for i, x in enumerate(xs)]
+
+    c = abstract.cache
+    local = lambda name, xs, t=False: None if xs is None else layers(
+        name, xs, "batch", t)
+    cache = decode.DecodeCache(
+        k=layers("k", c.k, first), vt=layers("vt", c.vt, first, True),
+        local_k=local("local_k", c.local_k),
+        local_vt=local("local_vt", c.local_vt, True))
     slot_sh = s.param_sharding("decode_state slots", (self.max_concurrent_decodes,),
                                ("batch",))
-    return DecodeState(cache=cache, tokens=slot_sh, index=slot_sh,
-                       active=slot_sh,
+    return DecodeState(cache=cache, lengths=slot_sh, tokens=slot_sh,
+                       index=slot_sh, active=slot_sh,
                        sampling=SlotSampling(*([slot_sh] * 5)))
+
+  # ---- host bookkeeping ------------------------------------------------------
+
+  def _new_book(self) -> HostBook:
+    B, e = self.max_concurrent_decodes, self.engine_cfg
+    return HostBook(B, PageTable(e.n_pages, e.page_size, B, e.pages_per_slot,
+                                 self._pool_shards) if e.paged else None)
+
+  @staticmethod
+  def _book(state: DecodeState) -> HostBook:
+    if state.host is None:
+      raise ValueError("a decode state without its host record: use the "
+                       "state the engine's last call returned")
+    return state.host
+
+  def _call(self, fn, state: DecodeState, *args):
+    """A jitted call on a state: its host record stays out of the call and
+    comes back on the state it returns (the first output)."""
+    book = self._book(state)
+    out = fn(state._replace(host=None), *args)
+    if isinstance(out, DecodeState):
+      return out._replace(host=book)
+    return (out[0]._replace(host=book),) + tuple(out[1:])
+
+  def host_lengths(self, state: DecodeState) -> np.ndarray:
+    """Each slot's cache length, as the host knows it (a copy)."""
+    return self._book(state).lengths.copy()
+
+  def free_pages(self, state: DecodeState) -> int | None:
+    """Free pages of the state's pool (None for rows)."""
+    pages = self._book(state).pages
+    return None if pages is None else pages.free_pages
+
+  def pages_for_call(self, state: DecodeState, steps_left_B) -> np.ndarray:
+    """Pages each pool shard's running slots must take before a generate
+    call in which slot b takes at most steps_left_B[b] steps (one shard
+    without a mesh; zeros for rows)."""
+    book = self._book(state)
+    if book.pages is None:
+      return np.zeros((1,), np.int64)
+    left_B = np.asarray(steps_left_B)
+    running = np.flatnonzero(book.active & (left_B > 0))
+    reach = np.minimum(book.lengths[running] + left_B[running],
+                       self.cache_len)
+    return book.pages.extra_per_shard(running, reach)
+
+  def pages_for_tokens(self, n_tokens: int) -> int:
+    """Pages a sequence of n_tokens cache entries holds (0 for rows)."""
+    e = self.engine_cfg
+    return -(-n_tokens // e.page_size) if e.paged else 0
 
   # ---- weights -------------------------------------------------------------
 
@@ -278,7 +429,9 @@ class Engine:
   # ---- the contract --------------------------------------------------------
 
   def init_decode_state(self) -> DecodeState:
-    return self._init_jit()
+    """A fresh decode state (every slot free); the host bookkeeping of any
+    earlier one is dropped."""
+    return self._init_jit()._replace(host=self._new_book())
 
   def prefill(self, params: Params, tokens: Sequence[int],
               sampling: SamplingParams, first_index: int = 0,
@@ -301,13 +454,13 @@ class Engine:
     """Row 0 of `prefix` into `slot`: `insert_batch` of one slot."""
     return self.insert_batch(prefix, state, [slot])
 
-  def decode_params(self, params: Params) -> transformer.DecodeParams:
+  def decode_params(self, params: Params) -> decode.DecodeParams:
     """Params split per layer for `generate` (a copy of the layer weights).
     Pass the result to every `generate` call of a rollout; given the
     stacked params, `generate` splits them on each call."""
     return self._decode_params_jit(params)
 
-  def generate(self, params: Params | transformer.DecodeParams,
+  def generate(self, params: Params | decode.DecodeParams,
                state: DecodeState, n_steps: int = 1, *, steps_left=None,
                stop_tokens=None, watch: FinishWatch | None = None
                ) -> tuple[DecodeState, jax.Array, jax.Array]:
@@ -327,7 +480,7 @@ class Engine:
     """
     if n_steps < 1:
       raise ValueError(f"n_steps must be >= 1, got {n_steps}")
-    if not isinstance(params, transformer.DecodeParams):
+    if not isinstance(params, decode.DecodeParams):
       params = self.decode_params(params)
     B = self.max_concurrent_decodes
     left_B = np.full((B,), n_steps, np.int32)
@@ -343,13 +496,35 @@ class Engine:
     if watch.tail_BxW.shape != (B, W):
       raise ValueError(f"watch.tail_BxW must be {B} x {W} (slots x ngram * "
                        f"times), got {watch.tail_BxW.shape}")
-    return self._generate_jit(
-        params, state, int(n_steps), (watch.ngram, watch.times),
+    book = self._book(state)
+    view, pages_BxV = self._view_for_call(book, left_B)
+    state, tokens_NxB, logprobs_NxB, lengths_B = self._call(
+        self._generate_jit, state, params, int(n_steps),
+        (watch.ngram, watch.times), view,
         *self._put_slots((left_B, stop_BxW,
                           np.asarray(watch.tail_BxW, np.int32),
                           np.asarray(watch.length_B, np.int32),
-                          np.asarray(watch.first_B, bool))),
+                          np.asarray(watch.first_B, bool)) + pages_BxV),
         jax.device_put(np.int32(watch.steps), self._host_sharding))
+    book.after_generate(lengths_B)
+    return state, tokens_NxB, logprobs_NxB
+
+  def _view_for_call(self, book: HostBook, left_B: np.ndarray
+                     ) -> tuple[int, tuple[np.ndarray, ...]]:
+    """The view of a generate call whose slots take at most left_B steps:
+    the smallest that covers every position a slot writes or reads during
+    it, and (paged) the pages of those positions, taken from the pool."""
+    e = self.engine_cfg
+    running_B = book.active & (left_B > 0)
+    # A running slot writes positions len .. len + steps - 1; one that does
+    # not run still computes a step at position len (masked, discarded).
+    reach_B = np.where(running_B, book.lengths + left_B, book.lengths + 1)
+    view = e.view_for(int(min(reach_B.max(initial=1), e.cache_len)))
+    if book.pages is None:
+      return view, ()
+    for b in np.flatnonzero(running_B):
+      book.pages.grow(int(b), int(min(reach_B[b], e.cache_len)))
+    return view, (book.pages.table[:, :view].copy(),)
 
   def _slot_sharding(self, ndim: int) -> jax.sharding.Sharding:
     """How an array with a leading slot axis (and ndim - 1 more) lies: as
@@ -407,9 +582,10 @@ class Engine:
       tokens_NxT[i, :len(seq)] = seq
       lengths_N[i] = len(seq)
       first_N[i] = first_indices[i]
-    return self._prefill_batch_jit(params, *self._put((
+    prefix = self._prefill_batch_jit(params, *self._put((
         tokens_NxT, lengths_N, stacked_slot_sampling(samplings, N), first_N,
         self._row_images(images, n, N))))
+    return prefix._replace(host_length=lengths_N)
 
   def _row_images(self, images: Sequence[np.ndarray | None] | None, n: int,
                   N: int) -> RowImages | None:
@@ -455,7 +631,45 @@ class Engine:
       raise ValueError(f"insert_batch: slots repeat: {list(slots)}")
     slots_N = np.full((N,), B, np.int32)  # B: out of range, dropped
     slots_N[:len(slots)] = [B if s is None else s for s in slots]
-    return self._insert_batch_jit(prefix, state, self._put(slots_N))
+    host_N = (np.asarray(prefix.length) if prefix.host_length is None else
+              prefix.host_length)
+    book = self._book(state)
+    pages = ()
+    if book.pages is not None:
+      pages = (self._insert_pages(book.pages, slots, host_N,
+                                  prefix.k.shape[2]),)
+    for i, slot in enumerate(slots):
+      if slot is not None:
+        book.set(slot, int(host_N[i]))
+    return self._call(self._insert_batch_jit, state,
+                      prefix._replace(host_length=None),
+                      *self._put((slots_N,) + pages))
+
+  @staticmethod
+  def _insert_pages(table: PageTable, slots: Sequence[int | None],
+                    host_N: np.ndarray, T: int) -> np.ndarray:
+    """Pages for each inserted row's real entries (pool size P where a row
+    has none: padding, skipped rows, entries past its length), N x ceil(T /
+    page). Raises PoolExhausted, taking nothing, when the pool is short."""
+    real = [(i, s) for i, s in enumerate(slots) if s is not None]
+    for _, s in real:
+      table.release(s)
+    idx = np.asarray([s for _, s in real], np.int64)
+    lengths = np.asarray([host_N[i] for i, _ in real], np.int64)
+    if table.shortfall(idx, lengths):
+      raise PoolExhausted(
+          f"insert of {len(real)} sequences needs "
+          f"{int(table.pages_for(lengths).sum())} KV pages, "
+          f"{table.free_pages} of {table.n_pages} are free (sampler.kv_pages)")
+    n_pages = -(-T // table.page_size)
+    # Global page ids: the insert scatters into the whole (sharded) pool.
+    pages_NxM = np.full((len(host_N), n_pages), table.n_pages, np.int32)
+    for (i, s), n in zip(real, lengths):
+      table.grow(s, int(n))
+      held = int(table.held[s])
+      pages_NxM[i, :held] = (table.table[s, :held] +
+                             table.shard_of[s] * table.local_pages)
+    return pages_NxM
 
   def free_slots(self, state: DecodeState, mask_B) -> DecodeState:
     """Frees every slot whose mask entry is true, in one call."""
@@ -463,7 +677,8 @@ class Engine:
     if mask_B.shape != (self.max_concurrent_decodes,):
       raise ValueError(f"free_slots: mask of shape {mask_B.shape}, want "
                        f"({self.max_concurrent_decodes},)")
-    return self._free_slots_jit(state, self._put(mask_B))
+    self._book(state).clear(mask_B)
+    return self._call(self._free_slots_jit, state, self._put(mask_B))
 
   def aot_functions(self, n_steps: int, repeat_rule: tuple[int, int] = (0, 0)
                     ) -> dict[str, tuple[Any, tuple]]:
@@ -489,9 +704,9 @@ class Engine:
         s.mesh, jax.sharding.PartitionSpec(*s.spec[1:])) if isinstance(
             s, jax.sharding.NamedSharding) else s)
     shardings = self._param_shardings
-    decode = abstract_arrays(
-        jax.eval_shape(transformer.to_decode_params, params),
-        transformer.DecodeParams(
+    decode_params = abstract_arrays(
+        jax.eval_shape(decode.to_decode_params, params),
+        decode.DecodeParams(
             top={k: v for k, v in shardings.items() if k != "layers"},
             layers=[jax.tree.map(drop_layer_axis, shardings["layers"])]
             * self.cfg.n_layers))
@@ -501,13 +716,33 @@ class Engine:
     slots = lambda *shape, dtype=np.int32: jax.ShapeDtypeStruct(
         (B,) + shape, dtype, sharding=self._slot_sharding(1 + len(shape)))
     ngram, times = repeat_rule
+    view = self.engine_cfg.views[-1]  # every slot at full length
+    pages = (slots(view),) if self.engine_cfg.paged else ()
     return {
         "sampler_prefill": (self._prefill_batch_jit, prefill),
         "sampler_generate": (self._generate_jit, (
-            decode, state, int(n_steps), (ngram, times), slots(),
-            slots(DEVICE_STOP_TOKENS), slots(ngram * times), slots(),
-            slots(dtype=np.bool_), host((), np.int32))),
+            state, decode_params, int(n_steps), (ngram, times), view,
+            slots(), slots(DEVICE_STOP_TOKENS), slots(ngram * times),
+            slots(), slots(dtype=np.bool_)) + pages + (host((), np.int32),)),
     }
+
+  def kv_capacity(self, mean_live: Sequence[int]) -> dict[str, Any]:
+    """The decode state's KV cache per device and the sequences it holds:
+    rows always hold max_slots; a pool holds its entries / L sequences of
+    mean live length L (at most max_slots)."""
+    e = self.engine_cfg
+    cache = jax.eval_shape(self._init_state).cache
+    per_device = sum(
+        math.prod(sh.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+        for x, sh in zip(jax.tree.leaves(cache),
+                         jax.tree.leaves(self._state_shardings.cache)))
+    entries = e.n_pages * e.page_size if e.paged else e.max_slots * e.cache_len
+    fit = lambda n: e.max_slots if not e.paged else min(e.max_slots,
+                                                       entries // n)
+    return dict(layout="pages" if e.paged else "rows", slots=e.max_slots,
+                cache_len=e.cache_len, page_size=e.page_size,
+                entries_per_layer=entries, bytes_per_device=int(per_device),
+                sequences_at_mean_live={str(n): fit(n) for n in mean_live})
 
   def warm_up_admission(self, params: Params,
                         lengths: Sequence[int] | None = None) -> int:
@@ -539,12 +774,21 @@ class Engine:
   # ---- traced functions ----------------------------------------------------
 
   def _init_state(self) -> DecodeState:
-    B = self.max_concurrent_decodes
+    B, e = self.max_concurrent_decodes, self.engine_cfg
     zeros_B = jnp.zeros((B,), jnp.int32)
-    return DecodeState(
-        cache=transformer.init_cache(self.cfg, B, self.cache_len),
-        tokens=zeros_B, index=zeros_B, active=jnp.zeros((B,), bool),
-        sampling=empty_slot_sampling(B))
+    rows = decode.to_decode_cache(
+        transformer.init_cache(self.cfg, B, self.cache_len))
+    cache = rows
+    if e.paged:
+      n_full = len(rows.k)
+      dt, K, Dh = self.cfg.compute_jnp_dtype, self.cfg.n_kv_heads, \
+          self.cfg.head_dim
+      cache = rows._replace(
+          k=[jnp.zeros((e.n_pages, K, e.page_size, Dh), dt)] * n_full,
+          vt=[jnp.zeros((e.n_pages, K, Dh, e.page_size), dt)] * n_full)
+    return DecodeState(cache=cache, lengths=zeros_B, tokens=zeros_B,
+                       index=zeros_B, active=jnp.zeros((B,), bool),
+                       sampling=empty_slot_sampling(B))
 
   def _init_fn(self) -> DecodeState:
     self._traces["init_decode_state"] += 1
@@ -571,9 +815,10 @@ class Engine:
                   logprob=logprobs_N, index=first_N + 1, sampling=sampling_N,
                   local_k=cache.local_k, local_v=cache.local_v)
 
-  def _insert_batch_fn(self, prefix: Prefix, state: DecodeState, slots_N
-                       ) -> DecodeState:
-    """Scatters row i into slot slots_N[i]; out-of-range slots (padding,
+  def _insert_batch_fn(self, state: DecodeState, prefix: Prefix, slots_N,
+                       pages_NxM=None) -> DecodeState:
+    """Scatters row i into slot slots_N[i] (paged: its entries into the
+    pages of row i of pages_NxM); out-of-range slots and pages (padding,
     skipped rows) are dropped. The prefix covers cache entries [0, bucket)
     (ring entries [0, min(window, bucket)): positions below the bucket sit
     where the slot's ring keeps them)."""
@@ -582,27 +827,46 @@ class Engine:
     def put(cur_B, new_N):
       return cur_B.at[slots_N].set(new_N, mode="drop")
 
-    def put_kv(cur_LxBxS, new_LxNxT):
-      if cur_LxBxS is None:
-        return None
-      T = new_LxNxT.shape[2]
-      return cur_LxBxS.at[:, slots_N, :T].set(new_LxNxT, mode="drop")
+    def put_rows(cur, new, axis):
+      # cur: B x K x S x Dh (axis 2) or B x K x Dh x S (axis 3).
+      idx = (slots_N, slice(None)) + (slice(None),) * (axis - 2) + (
+          slice(0, new.shape[axis]),)
+      return cur.at[idx].set(new.astype(cur.dtype), mode="drop")
 
-    cache = transformer.KVCache(
-        k=put_kv(state.cache.k, prefix.k), v=put_kv(state.cache.v, prefix.v),
-        lengths=put(state.cache.lengths, prefix.length),
-        local_k=put_kv(state.cache.local_k, prefix.local_k),
-        local_v=put_kv(state.cache.local_v, prefix.local_v))
+    def put_pages(pool, new, axis):
+      # new N x K x T x Dh (axis 2) or N x K x Dh x T (axis 3), cut into
+      # N x M pages of the pool's page size.
+      page, M = pool.shape[axis], pages_NxM.shape[1]
+      pad = [(0, 0)] * 4
+      pad[axis] = (0, M * page - new.shape[axis])
+      new = jnp.pad(new, pad)
+      shape = new.shape[:axis] + (M, page) + new.shape[axis + 1:]
+      paged = jnp.moveaxis(new.reshape(shape), axis, 1)  # N x M x K x ...
+      return pool.at[pages_NxM].set(paged.astype(pool.dtype), mode="drop")
+
+    rows = decode.to_decode_cache(transformer.KVCache(
+        k=prefix.k, v=prefix.v, lengths=prefix.length, local_k=prefix.local_k,
+        local_v=prefix.local_v))
+    full = put_rows if pages_NxM is None else put_pages
+    c = state.cache
+    cache = decode.DecodeCache(
+        k=[full(a, b, 2) for a, b in zip(c.k, rows.k)],
+        vt=[full(a, b, 3) for a, b in zip(c.vt, rows.vt)],
+        local_k=None if c.local_k is None else [
+            put_rows(a, b, 2) for a, b in zip(c.local_k, rows.local_k)],
+        local_vt=None if c.local_vt is None else [
+            put_rows(a, b, 3) for a, b in zip(c.local_vt, rows.local_vt)])
     return DecodeState(
-        cache=cache, tokens=put(state.tokens, prefix.token),
+        cache=cache, lengths=put(state.lengths, prefix.length),
+        tokens=put(state.tokens, prefix.token),
         index=put(state.index, prefix.index),
         active=put(state.active, jnp.ones_like(prefix.length, bool)),
         sampling=SlotSampling(*map(put, state.sampling, prefix.sampling)))
 
-  def _generate_fn(self, params: transformer.DecodeParams,
-                   state: DecodeState, n_steps: int,
-                   repeat_rule: tuple[int, int], steps_left_B, stop_BxW,
-                   tail_BxW, length_B, first_B, watch_steps):
+  def _generate_fn(self, state: DecodeState,
+                   params: decode.DecodeParams, n_steps: int,
+                   repeat_rule: tuple[int, int], view: int, steps_left_B,
+                   stop_BxW, tail_BxW, length_B, first_B, *rest):
     """Up to n_steps tokens for every running slot, in one while loop.
 
     A slot runs while it is active, has steps left and has not sampled one
@@ -610,13 +874,16 @@ class Engine:
     and with watch_steps > 0 also after the first step (among the first
     watch_steps) at which a running slot stops or completes a repeat
     (`FinishWatch`). Entries of slots not running are 0; rows past the end,
-    -1. The cache goes to per-layer decode layouts once here, not once per
-    token (see transformer.decode_step).
+    -1. A step reads `view` entries of each row, or (paged, rest =
+    (pages_BxV, watch_steps)) the `view` pages of pages_BxV; otherwise rest
+    = (watch_steps,). Also returns the cache lengths apart, for the host.
     """
+    pages_BxV = rest[0] if len(rest) == 2 else None
+    watch_steps = rest[-1]
     self._traces["generate"] += 1
     B = self.max_concurrent_decodes
     ngram, times = repeat_rule
-    cache = transformer.to_decode_cache(state.cache)
+    cache = state.cache
     # A slot whose last token is one of its stop tokens has finished (its
     # first token, when the driver inserted it before reading it).
     running_B = (state.active & (steps_left_B > 0) &
@@ -638,9 +905,11 @@ class Engine:
     def step(carry):
       (i, tokens_B, index_B, lengths_B, running_B, left_B, cache,
        (tokens_NxB, logprobs_NxB), finished, tail_BxW, length_B) = carry
-      logits_Bx1xV, cache = transformer.decode_step(
+      logits_Bx1xV, cache = decode.decode_step(
           params, tokens_B, lengths_B, cache, cfg=self.cfg,
-          sharder=self.sharder)
+          sharder=self.sharder,
+          view_len=None if pages_BxV is not None else view,
+          pages_BxV=pages_BxV)
       new_B, logprobs_B = sample_tokens(logits_Bx1xV[:, 0], state.sampling,
                                         index_B, self._never)
       run_B = running_B.astype(jnp.int32)
@@ -663,18 +932,18 @@ class Engine:
               lengths_B + run_B, still_B, left_B, cache, outputs, finished,
               tail_BxW, length_B)
 
-    carry = (jnp.int32(0), state.tokens, state.index, state.cache.lengths,
+    carry = (jnp.int32(0), state.tokens, state.index, state.lengths,
              running_B, steps_left_B, cache, outputs, finished, tail_BxW,
              length_B)
     (_, tokens_B, index_B, lengths_B, _, _, cache,
      (tokens_NxB, logprobs_NxB), *_) = jax.lax.while_loop(go_on, step, carry)
-    state = state._replace(
-        cache=transformer.from_decode_cache(cache, lengths_B),
-        tokens=tokens_B, index=index_B)
+    state = state._replace(cache=cache, lengths=lengths_B, tokens=tokens_B,
+                           index=index_B)
     if self._state_shardings is not None:
       state = jax.lax.with_sharding_constraint(state, self._state_shardings)
-    tokens_NxB, logprobs_NxB = self._replicated((tokens_NxB, logprobs_NxB))
-    return state, tokens_NxB, logprobs_NxB
+    tokens_NxB, logprobs_NxB, lengths_B = self._replicated(
+        (tokens_NxB, logprobs_NxB, lengths_B))
+    return state, tokens_NxB, logprobs_NxB, lengths_B
 
   @staticmethod
   def _with_token(tail_BxW, length_B, token_B, where_B):
@@ -694,7 +963,5 @@ class Engine:
 
   def _free_slots_fn(self, state: DecodeState, mask_B) -> DecodeState:
     self._traces["free_slots"] += 1
-    return state._replace(
-        cache=state.cache._replace(
-            lengths=jnp.where(mask_B, 0, state.cache.lengths)),
-        active=state.active & ~mask_B)
+    return state._replace(lengths=jnp.where(mask_B, 0, state.lengths),
+                          active=state.active & ~mask_B)

@@ -1,0 +1,296 @@
+"""One decode step per generated token, over a cache that costs what is live.
+
+The sampler calls `decode_step` once per generated token. `forward` runs the
+layers in a lax.scan over stacked weights and a stacked cache: per token
+that would copy every layer's weights and cache slice out of the stacks.
+Here the layers run unrolled, over weights split per layer once per sampler
+call (`to_decode_params`) and over per-layer caches kept in the layouts the
+attention matmuls read (`DecodeCache`), so a token's cache write is an
+in-place scatter into its layer's buffers. The arithmetic is `forward`'s
+with T=1, op for op.
+
+What a step reads of the full-attention layers' caches is bounded by the
+longest live slot, not by the reserved length (the caller picks a static
+bound per call, see `kimi_jax.sampler.engine`):
+
+  rows   each slot owns S entries (k: B x K x S x Dh); a step reads the
+         first `view_len` entries of every row.
+  pages  a pool of P pages of `page` entries shared by the slots (k:
+         P x K x page x Dh); slot b's entries 0.. live in pages
+         pages_BxV[b, 0], pages_BxV[b, 1], ...; a step reads the V pages of
+         every slot named there. Page id P means "none": a read of it is
+         clamped onto some page and masked, a write to it is dropped. On a
+         mesh the pool splits over the batch axes like the slots: each
+         shard's slots hold pages of its own part of the pool, and page
+         ids are local to the shard (the step runs in `jax.shard_map`, so
+         no page ever crosses devices).
+
+Either way entries past a slot's length are masked to exactly zero weight,
+so a longer view changes nothing but the order of float additions.
+Sliding-window layers keep per-slot rings of at most `sliding_window`
+entries (already bounded), read whole.
+
+Shapes in names: B slots, K key/value heads, H query heads, G = H // K, Dh
+head dim, S entries per row, P pages, V pages per slot in view, D width.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+import functools
+
+from kimi_jax.model import attention
+from kimi_jax.model.config import SLIDING, ModelConfig
+from kimi_jax.model.transformer import (KVCache, _attn_scale, _embed_tokens,
+                                        _norm, _qkv, _residual_and_mlp,
+                                        _stack_or, unembed)
+from kimi_jax.sharding import Sharder, constrain
+
+Params = dict[str, Any]
+
+
+class DecodeCache(NamedTuple):
+  """Per-layer caches as decoding reads them.
+
+  k[l]: keys, vt[l]: values transposed, of the full-attention layers: rows
+  (B, K, S, Dh) and (B, K, Dh, S), or pages (P, K, page, Dh) and
+  (P, K, Dh, page). local_k, local_vt: the sliding layers' rings as rows
+  (S = R; None for a model without them).
+  """
+
+  k: list[jax.Array]
+  vt: list[jax.Array]
+  local_k: list[jax.Array] | None = None
+  local_vt: list[jax.Array] | None = None
+
+
+class DecodeParams(NamedTuple):
+  """Params as `decode_step` reads them: `layers` split per layer (a copy
+  of the layer weights), `top` the rest (embeddings, final norm, head)."""
+
+  top: Params
+  layers: list[Params]
+
+
+def to_decode_params(params: Params) -> DecodeParams:
+  top = {k: v for k, v in params.items() if k != "layers"}
+  return DecodeParams(top=top, layers=split_layers(params["layers"]))
+
+
+def split_layers(stacked: Any) -> list[Any]:
+  """Layer l of every leaf of a pytree stacked along a leading layer axis."""
+  n = jax.tree_util.tree_leaves(stacked)[0].shape[0]
+  return [jax.tree_util.tree_map(lambda x, l=l: x[l], stacked)
+          for l in range(n)]
+
+
+def keys_rows(k_LxBxSxKxDh: jax.Array) -> list[jax.Array]:
+  """Stacked (L, B, S, K, Dh) keys as per-layer (B, K, S, Dh) rows."""
+  return [k.transpose(0, 2, 1, 3) for k in split_layers(k_LxBxSxKxDh)]
+
+
+def values_rows(v_LxBxSxKxDh: jax.Array) -> list[jax.Array]:
+  """Stacked (L, B, S, K, Dh) values as per-layer (B, K, Dh, S) rows."""
+  return [v.transpose(0, 2, 3, 1) for v in split_layers(v_LxBxSxKxDh)]
+
+
+def to_decode_cache(cache: KVCache) -> DecodeCache:
+  """KVCache's (L, B, S, K, Dh) arrays as per-layer decode rows."""
+  if cache.local_k is None:
+    return DecodeCache(k=keys_rows(cache.k), vt=values_rows(cache.v))
+  return DecodeCache(k=keys_rows(cache.k), vt=values_rows(cache.v),
+                     local_k=keys_rows(cache.local_k),
+                     local_vt=values_rows(cache.local_v))
+
+
+def from_decode_cache(cache: DecodeCache, lengths_B: jax.Array) -> KVCache:
+  """The inverse of `to_decode_cache` (rows only)."""
+  if cache.local_k is None:
+    return KVCache(k=jnp.stack([k.transpose(0, 2, 1, 3) for k in cache.k]),
+                   v=jnp.stack([v.transpose(0, 3, 1, 2) for v in cache.vt]),
+                   lengths=lengths_B)
+  B, K, _, Dh = cache.local_k[0].shape
+  empty = jnp.zeros((0, B, 0, K, Dh), cache.local_k[0].dtype)
+  keys = lambda ks: _stack_or([k.transpose(0, 2, 1, 3) for k in ks], empty)
+  values = lambda vts: _stack_or([v.transpose(0, 3, 1, 2) for v in vts],
+                                 empty)
+  return KVCache(k=keys(cache.k), v=values(cache.vt), lengths=lengths_B,
+                 local_k=keys(cache.local_k), local_v=values(cache.local_vt))
+
+
+# ---- one layer --------------------------------------------------------------
+
+
+def _attend_blocks(q_Bx1xHxDh, k_BxVxKxSxDh, vt_BxVxKxDhxS, mask_BxVS,
+                   cfg: ModelConfig, sharder: Sharder | None) -> jax.Array:
+  """Attention of one query per slot over V blocks of S entries per slot
+  (rows: V = 1), with one softmax over all V x S entries."""
+  B, T, H, Dh = q_Bx1xHxDh.shape
+  _, V, K, S, _ = k_BxVxKxSxDh.shape
+  q_BxTxKxGxDh = q_Bx1xHxDh.reshape(B, T, K, H // K, Dh)
+  scores = attention.scale_scores(
+      jnp.einsum("btkgd,bvksd->bkgtvs", q_BxTxKxGxDh, k_BxVxKxSxDh,
+                 preferred_element_type=jnp.float32), Dh, _attn_scale(cfg))
+  scores = scores.reshape(B, K, H // K, T, V * S)
+  scores = jnp.where(mask_BxVS[:, None, None, None, :], scores,
+                     attention.MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(vt_BxVxKxDhxS.dtype)
+  out = jnp.einsum("bkgtvs,bvkds->btkgd",
+                   probs.reshape(B, K, H // K, T, V, S), vt_BxVxKxDhxS)
+  out = out.reshape(B, T, H, Dh)
+  return constrain(sharder, out, ("batch", "length", "heads", "head_dim"))
+
+
+def _write_rows(k_BxKxSxDh, vt_BxKxDhxS, k_BxKxDh, v_BxKxDh, pos_B):
+  """The new token's key and value at entry pos_B of each row (a position
+  past the end is dropped)."""
+  rows_B = jnp.arange(k_BxKxSxDh.shape[0])
+  k_BxKxSxDh = k_BxKxSxDh.at[rows_B, :, pos_B].set(
+      k_BxKxDh.astype(k_BxKxSxDh.dtype), mode="drop")
+  vt_BxKxDhxS = vt_BxKxDhxS.at[rows_B, :, :, pos_B].set(
+      v_BxKxDh.astype(vt_BxKxDhxS.dtype), mode="drop")
+  return k_BxKxSxDh, vt_BxKxDhxS
+
+
+def page_of(pages_BxV: jax.Array, pos_B: jax.Array, page: int, n_pages: int
+            ) -> jax.Array:
+  """The pool page holding entry pos_B of each slot (n_pages: none, also
+  when the entry lies past the slot's V pages in view)."""
+  V = pages_BxV.shape[1]
+  idx_B = pos_B // page
+  held_B = jnp.take_along_axis(pages_BxV, jnp.minimum(idx_B, V - 1)[:, None],
+                               axis=1)[:, 0]
+  return jnp.where(idx_B < V, held_B, n_pages)
+
+
+def _write_pages(k_PxKxNxDh, vt_PxKxDhxN, k_BxKxDh, v_BxKxDh, pos_B,
+                 pages_BxV):
+  """The new token's key and value into its page (N entries per page)."""
+  P, _, N, _ = k_PxKxNxDh.shape
+  page_B = page_of(pages_BxV, pos_B, N, P)
+  at_B = pos_B % N
+  k_PxKxNxDh = k_PxKxNxDh.at[page_B, :, at_B].set(
+      k_BxKxDh.astype(k_PxKxNxDh.dtype), mode="drop")
+  vt_PxKxDhxN = vt_PxKxDhxN.at[page_B, :, :, at_B].set(
+      v_BxKxDh.astype(vt_PxKxDhxN.dtype), mode="drop")
+  return k_PxKxNxDh, vt_PxKxDhxN
+
+
+def _full_view(k, vt, view_len: int | None, pages_BxV):
+  """The entries a step reads, as (B, V, K, S, Dh) and (B, V, K, Dh, S)."""
+  if pages_BxV is None:
+    n = k.shape[2] if view_len is None else view_len
+    return k[:, None, :, :n], vt[:, None, :, :, :n]
+  # Page id P (none) is clamped onto a real page: its entries are masked.
+  safe_BxV = jnp.minimum(pages_BxV, k.shape[0] - 1)
+  return k[safe_BxV], vt[safe_BxV]
+
+
+def _paged_attend(q, k_new, v_new, k_pool, vt_pool, pages_BxV, pos_B,
+                  cfg: ModelConfig):
+  """Writes one token per slot into its page and attends over the slot's
+  pages: (attention out, k_pool, vt_pool). Shard-local on a mesh."""
+  k_pool, vt_pool = _write_pages(k_pool, vt_pool, k_new[:, 0], v_new[:, 0],
+                                 pos_B, pages_BxV)
+  k_view, vt_view = _full_view(k_pool, vt_pool, None, pages_BxV)
+  n = k_view.shape[1] * k_view.shape[3]
+  mask_BxN = jnp.arange(n)[None, :] <= pos_B[:, None]
+  return (_attend_blocks(q, k_view, vt_view, mask_BxN, cfg, None), k_pool,
+          vt_pool)
+
+
+def _paged_layer_attention(q, k_new, v_new, k_pool, vt_pool, pages_BxV,
+                           pos_B, cfg: ModelConfig, sharder: Sharder | None):
+  """`_paged_attend`, on a mesh inside `jax.shard_map`: slots and pool
+  pages over the batch axes, query and key heads over `tensor` when both
+  split alike (else whole)."""
+  if sharder is None:
+    return _paged_attend(q, k_new, v_new, k_pool, vt_pool, pages_BxV, pos_B,
+                         cfg)
+  B, _, H, _ = q.shape
+  K = k_new.shape[2]
+  batch = attention._axes(sharder, "batch", B)
+  heads = attention._axes(sharder, "heads", H)
+  heads = heads if heads and heads == attention._axes(sharder, "kv_heads",
+                                                      K) else ()
+  spec = attention._spec
+  qkv = spec(batch, (), heads, ())
+  pool = spec(batch, heads, (), ())
+  fn = functools.partial(_paged_attend, cfg=cfg)
+  return jax.shard_map(
+      fn, mesh=sharder.mesh,
+      in_specs=(qkv, qkv, qkv, pool, pool, spec(batch, ()), spec(batch)),
+      out_specs=(qkv, pool, pool), check_vma=False)(
+          q, k_new, v_new, k_pool, vt_pool, pages_BxV, pos_B)
+
+
+def _decode_layer(x_Bx1xD, lp: Params, positions_Bx1, k, vt,
+                  cfg: ModelConfig, sharder: Sharder | None, sliding: bool,
+                  view_len: int | None, pages_BxV):
+  """`transformer._layer` for one new token per slot, writing it into the
+  layer's cache first (a sliding layer's ring at position mod its length)
+  and attending to what the slot holds up to and including it."""
+  q, k_new, v_new = _qkv(x_Bx1xD, lp, positions_Bx1, cfg, sharder, sliding)
+  pos_B = positions_Bx1[:, 0]
+  if sliding:
+    k, vt = _write_rows(k, vt, k_new[:, 0], v_new[:, 0],
+                        pos_B % k.shape[2])
+    k_view, vt_view = k[:, None], vt[:, None]
+  elif pages_BxV is None:
+    k, vt = _write_rows(k, vt, k_new[:, 0], v_new[:, 0], pos_B)
+    k_view, vt_view = _full_view(k, vt, view_len, None)
+  else:
+    attn, k, vt = _paged_layer_attention(q, k_new, v_new, k, vt, pages_BxV,
+                                         pos_B, cfg, sharder)
+    attn = constrain(sharder, attn, ("batch", "length", "heads", "head_dim"))
+    return _residual_and_mlp(x_Bx1xD, attn, lp, cfg, sharder), k, vt
+  n = k_view.shape[1] * k_view.shape[3]
+  # Entries 0..pos of a slot (a ring's entries are all written ones once
+  # pos >= R, and entries 0..pos before).
+  mask_BxN = jnp.arange(n)[None, :] <= pos_B[:, None]
+  attn = _attend_blocks(q, k_view, vt_view, mask_BxN, cfg, sharder)
+  return _residual_and_mlp(x_Bx1xD, attn, lp, cfg, sharder), k, vt
+
+
+def decode_step(params: DecodeParams, tokens_B: jax.Array,
+                lengths_B: jax.Array, cache: DecodeCache, *,
+                cfg: ModelConfig, sharder: Sharder | None = None,
+                view_len: int | None = None,
+                pages_BxV: jax.Array | None = None
+                ) -> tuple[jax.Array, DecodeCache]:
+  """Logits of one new token per slot, and the cache with it written.
+
+  params: `to_decode_params(params)`. Slot b's token goes to position
+  lengths_B[b] and attends to positions 0..lengths_B[b]; the caller advances
+  the lengths of the slots that hold a sequence. The full layers' caches
+  are rows read up to `view_len` entries (None: all), or pages read
+  through `pages_BxV` (see the module doc); either must cover every
+  position a slot attends to. A sliding layer's token goes to its ring
+  (see `transformer.KVCache`) and attends to every ring entry written so
+  far. Returns logits_Bx1xV (float32).
+  """
+  layers, params = params.layers, params.top
+  positions_Bx1 = lengths_B[:, None]
+  x = _embed_tokens(params, tokens_B[:, None], cfg)
+  x = constrain(sharder, x, ("batch", "length", "act_embed"))
+  caches = {False: iter(zip(cache.k, cache.vt)),
+            True: iter(zip(cache.local_k or (), cache.local_vt or ()))}
+  out = {False: ([], []), True: ([], [])}
+  for lp, kind in zip(layers, cfg.layer_kinds):
+    sliding = kind == SLIDING
+    k, vt = next(caches[sliding])
+    x, k, vt = _decode_layer(x, lp, positions_Bx1, k, vt, cfg, sharder,
+                             sliding, view_len, pages_BxV)
+    out[sliding][0].append(k)
+    out[sliding][1].append(vt)
+  x = _norm(x, params["final_norm"], cfg)
+  if cache.local_k is None:
+    new_cache = DecodeCache(k=out[False][0], vt=out[False][1])
+  else:
+    new_cache = DecodeCache(k=out[False][0], vt=out[False][1],
+                            local_k=out[True][0], local_vt=out[True][1])
+  return unembed(params, x, cfg=cfg, sharder=sharder), new_cache
