@@ -206,3 +206,36 @@ def test_paged_pool_on_a_mesh_samples_what_one_device_samples(reference):
       params, _requests())
   _same(got, ref)
   assert stats.preemptions > 0
+
+
+def test_kv_capacity_counts_the_pool_and_the_sequences_it_holds():
+  rows = Engine(CFG, EngineConfig(max_slots=4, cache_len=96))
+  pages = Engine(CFG, EngineConfig(max_slots=16, cache_len=96, page_size=8,
+                                   kv_pages=48))  # rows' 4 x 96 entries
+  a, b = rows.kv_capacity([24, 48]), pages.kv_capacity([24, 48])
+  # 2 layers x (k + v) x 4 x 96 entries x 2 heads x 16 dims x 4 bytes.
+  assert a["bytes_per_device"] == b["bytes_per_device"] == 2 * 2 * 4 * 96 * \
+      2 * 16 * 4
+  assert a["sequences_at_mean_live"] == {"24": 4, "48": 4}
+  assert b["sequences_at_mean_live"] == {"24": 16, "48": 8}
+
+
+def test_long_tail_lengths_are_heavy_tailed_and_capped():
+  import importlib.util
+  import os
+  import sys
+  bench = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+  sys.path.insert(0, bench)
+  try:
+    spec = importlib.util.spec_from_file_location(
+        "sampler_length", os.path.join(bench, "sampler_length.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+  finally:
+    sys.path.remove(bench)
+  lengths = np.asarray(mod.tail_lengths(mod.TAIL_REQUESTS))
+  median = int(np.median(lengths))
+  assert lengths.max() == 16 * median and lengths.min() >= 1
+  assert abs(median - mod.TAIL_MEDIAN) < 0.3 * mod.TAIL_MEDIAN
+  assert (lengths == lengths.max()).mean() >= 0.05  # a tail at the cap
+  assert np.mean(lengths) > 1.5 * median  # a heavy right tail
