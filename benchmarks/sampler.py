@@ -2,6 +2,7 @@
 
   python benchmarks/sampler.py --json /tmp/sampler.json
   python benchmarks/sampler.py --part peer --json /tmp/peer.json
+  python benchmarks/sampler.py --part length --json /tmp/length.json
 
 --part peer: a fixed workload on the Qwen2-shaped config (4 layers, vocab
 512, width 256, 3.94 M parameters, random weights, seed 0): B requests of
@@ -10,7 +11,9 @@ top_p 1, no stop token), B = 8, 32, 64; the whole `Sampler.generate` call is
 timed (the host has the tokens at its end), median of 3 after one warm-up
 call. `ceiling_fraction_b64` = tok_s_b64 / (peak / (2 x parameters)), with
 the peak the fp32 FLOP/s of a jitted 2048^3 matmul measured in the same
-process (median of 5).
+process (median of 5). With Tunix installed (requirements-peer.txt), its
+sampler runs the same requests on the same weights right after each batch
+(sampler_tunix.py): `tunix_tok_s_b{B}` and `speedup_vs_tunix_b{B}`.
 
 Every timed section must run without compiling: a section that compiles
 (anything, counted through jax.monitoring) raises instead of reporting a
@@ -31,10 +34,14 @@ to fit) and a Qwen2-shaped config:
     (prefill, read the first token, insert, free_resource per request) vs
     batched (prefill_batch, one read, insert_batch, free_slots per 64).
 
+--part length: the peer workload at reserved cache lengths 160, 2048 and
+8192 (`slowdown_8192_vs_160`), and a long-tail workload through today's
+row cache against the paged one (sampler_length.py has the details).
+
 The parts live beside this script: sampler_workloads.py (models, requests),
-sampler_measure.py (the measurements), sampler_tables.py (the printed
-tables) and timing.py (timed sections that must not compile, the matmul
-peak).
+sampler_measure.py (the measurements), sampler_tunix.py (Tunix's sampler on
+the peer workload), sampler_tables.py (the printed tables) and timing.py
+(timed sections that must not compile, the matmul peak).
 """
 
 from __future__ import annotations
@@ -52,8 +59,10 @@ from kimi_jax.model.config import count_params
 from sampler_measure import (admission, cached_vs_recompute,
                              continuous_vs_static, handoff_timings,
                              throughput)
+from sampler_length import length_part, print_length
 from sampler_tables import (print_admission, print_handoff, print_peer,
                             print_table)
+from sampler_tunix import throughput as tunix_throughput
 from sampler_workloads import (DEFAULT_STEPS, NEW_TOKENS, PROMPT_LEN,
                                QWEN_SHAPED, tiny_config)
 from timing import matmul_peak_flops, pin_matmul_precision
@@ -79,6 +88,15 @@ def peer(steps: int, batches=(8, 32, 64), repeats: int = 3) -> dict:
     report[f"tok_s_b{b}"] = row["tokens_per_s"]
     print(f"[peer] batch {b}: {row['tokens_per_s']:.0f} tok/s "
           f"({row['ceiling_fraction']:.3f} of the ceiling)", file=sys.stderr)
+    # Tunix's sampler on the same requests, right after (optional).
+    tunix = tunix_throughput(cfg, params, b, repeats)
+    if tunix is not None:
+      row["tunix"] = tunix
+      report[f"tunix_tok_s_b{b}"] = tunix["tokens_per_s"]
+      report[f"speedup_vs_tunix_b{b}"] = (row["tokens_per_s"] /
+                                          tunix["tokens_per_s"])
+      print(f"[peer] batch {b}: Tunix {tunix['tokens_per_s']:.0f} tok/s",
+            file=sys.stderr)
   if 64 in batches:
     report["ceiling_fraction_b64"] = report["tok_s_b64"] / ceiling
   report["loadavg_before"] = load_before
@@ -129,13 +147,14 @@ def main(argv=None) -> dict:
   parser.add_argument("--batches", default="8,32,64")
   parser.add_argument("--steps-per-call", type=int, default=DEFAULT_STEPS)
   parser.add_argument("--part", choices=("all", "peer", "handoff",
-                                         "admission"),
+                                         "admission", "length"),
                       default="all",
                       help="peer: the fixed Qwen2-shaped workload and its "
                       "ceiling fraction; handoff: only the weight-handoff "
                       "timings (run with several devices, e.g. XLA_FLAGS="
                       "--xla_force_host_platform_device_count=8); "
-                      "admission: only the batched-admission comparison")
+                      "admission: only the batched-admission comparison; "
+                      "length: reserved cache lengths and the long tail")
   args = parser.parse_args(argv)
   precision = pin_matmul_precision()
   batches = [int(b) for b in args.batches.split(",")]
@@ -147,6 +166,9 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
       report = dict(handoff=handoff_timings(QWEN_SHAPED, tmp))
     print_handoff(report)
+  elif args.part == "length":
+    report = length_part(steps)
+    print_length(report)
   elif args.part == "admission":
     report = admission_only()
     print_admission(report)

@@ -11,12 +11,17 @@ def print_peer(report: dict) -> None:
         f"{report['workload']['steps_per_call']} steps per call; load "
         f"{report['loadavg_before'][0]:.2f} -> "
         f"{report['loadavg_after'][0]:.2f})")
-  print("| batch | tokens/s | ceiling fraction | wall s (median) | runs s |")
-  print("|---|---|---|---|---|")
+  print("| batch | tokens/s | ceiling fraction | wall s (median) | runs s | "
+        "Tunix tokens/s | vs Tunix |")
+  print("|---|---|---|---|---|---|---|")
   for r in report["rows"]:
+    tunix = r.get("tunix")  # absent without Tunix installed
+    theirs = ("- | -" if tunix is None else
+              f"{tunix['tokens_per_s']:.0f} | "
+              f"{r['tokens_per_s'] / tunix['tokens_per_s']:.2f}x")
     print(f"| {r['batch']} | {r['tokens_per_s']:.0f} | "
           f"{r['ceiling_fraction']:.3f} | {r['seconds']:.3f} | "
-          f"{', '.join(f'{x:.3f}' for x in r['runs_s'])} |")
+          f"{', '.join(f'{x:.3f}' for x in r['runs_s'])} | {theirs} |")
 
 
 def print_table(report: dict) -> None:
