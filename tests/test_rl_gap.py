@@ -160,6 +160,7 @@ def _gap_by_hand(truth, groups):
   return np.abs(r).mean(), (np.exp(r) - 1 - r).mean(), r.size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rl_changes,old,first_only", [
     ({}, True, False),  # the first minibatch's gap from its first step
     ({"tis_cap": TIS_CAP}, True, False),  # all from the reference pass
@@ -226,6 +227,7 @@ def _sampled_groups(model_cfg, host_params, n_prompts=3):
   return buf.complete_groups()
 
 
+@pytest.mark.slow
 def test_bfloat16_sampling_shows_a_gap_that_float32_sampling_does_not():
   """The same weights: a float32 engine agrees with the float32 trainer to
   rounding; a bfloat16 one does not."""
