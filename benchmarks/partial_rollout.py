@@ -177,18 +177,8 @@ def long_tail_lengths_K(cfg: LongTailConfig, index: int) -> list[int]:
 
 def long_tail_task(cfg: LongTailConfig) -> Task:
   """The synthetic task's records and hash reward, long-tail lengths."""
-  recs = []
-  for i in range(cfg.n_prompts):
-    rng = np.random.default_rng([cfg.seed, i, 1])
-    # Token 0 is the pad id; prompts avoid it.
-    prompt = [int(t) for t in rng.integers(1, cfg.vocab_size, cfg.prompt_len)]
-    recs.append({"id": i, "prompt_ids": prompt,
-                 "lengths_K": long_tail_lengths_K(cfg, i)})
-  return Task(name="synthetic_long_tail", train=recs, eval=recs[:8],
-              reward=synthetic.HashReward(),
-              tokenizer=synthetic.IdTokenizer(cfg.vocab_size),
-              encode_prompt=lambda r: list(r["prompt_ids"]),
-              response_cap=lambda r, j: r["lengths_K"][j])
+  return synthetic.make_synthetic_task(cfg, long_tail_lengths_K,
+                                       name="synthetic_long_tail")
 
 
 def length_summary(task: Task, max_len: int) -> dict[str, float]:

@@ -201,6 +201,14 @@ def host_to_global(x: np.ndarray, sharding: jax.sharding.Sharding
   return jax.make_array_from_single_device_arrays(x.shape, sharding, shards)
 
 
+def tree_bytes_per_device(abstract_tree: Any, sharding_tree: Any) -> int:
+  """Bytes one device holds of a sharded pytree (ShapeDtypeStruct leaves)."""
+  sizes = jax.tree.map(
+      lambda leaf, sh: math.prod(sh.shard_shape(leaf.shape)) *
+      np.dtype(leaf.dtype).itemsize, abstract_tree, sharding_tree)
+  return int(sum(jax.tree.leaves(sizes)))
+
+
 def abstract_arrays(tree: Any, shardings: Any) -> Any:
   """ShapeDtypeStructs of `tree`'s leaves (arrays or ShapeDtypeStructs)
   placed with `shardings` (a matching tree, or one sharding for all): the

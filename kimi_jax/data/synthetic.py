@@ -58,14 +58,17 @@ def target_lengths_K(cfg: SyntheticConfig, index: int) -> list[int]:
   return [int(x) for x in np.where(is_long_K, cfg.max_len, short_K)]
 
 
-def records(cfg: SyntheticConfig) -> list[dict[str, Any]]:
+def records(cfg: SyntheticConfig, lengths_K=target_lengths_K
+            ) -> list[dict[str, Any]]:
+  """cfg.n_prompts prompts of random tokens, each with its K forced
+  lengths `lengths_K(cfg, index)` (any cfg with the fields used here)."""
   out = []
   for i in range(cfg.n_prompts):
     rng = np.random.default_rng([cfg.seed, i, 1])
     # Token 0 is the pad id; prompts avoid it.
     prompt = [int(t) for t in rng.integers(1, cfg.vocab_size, cfg.prompt_len)]
     out.append({"id": i, "prompt_ids": prompt,
-                "lengths_K": target_lengths_K(cfg, i)})
+                "lengths_K": lengths_K(cfg, i)})
   return out
 
 
@@ -98,9 +101,10 @@ class HashReward:
     return RewardResult(score=score, correct=score >= 0.5)
 
 
-def make_synthetic_task(cfg: SyntheticConfig) -> Task:
-  recs = records(cfg)
-  return Task(name="synthetic", train=recs, eval=recs[:8],
+def make_synthetic_task(cfg: SyntheticConfig, lengths_K=target_lengths_K,
+                        name: str = "synthetic") -> Task:
+  recs = records(cfg, lengths_K)
+  return Task(name=name, train=recs, eval=recs[:8],
               reward=HashReward(), tokenizer=IdTokenizer(cfg.vocab_size),
               encode_prompt=lambda r: list(r["prompt_ids"]),
               response_cap=lambda r, j: r["lengths_K"][j])

@@ -46,7 +46,7 @@ from kimi_jax.sampler import repetition
 from kimi_jax.sampler.config import SamplerConfig
 from kimi_jax.sampler.build import make_engine
 from kimi_jax.sharding import (MESH_AXES, MeshConfig, Sharder, make_mesh,
-                               rules_from_config)
+                               rules_from_config, tree_bytes_per_device)
 from kimi_jax.vision.config import VisionConfig
 
 GB = 1e9  # decimal gigabytes, as TPU HBM sizes are quoted
@@ -60,14 +60,6 @@ def abstract_mesh(sizes: Mapping[str, int]) -> AbstractMesh:
     raise ValueError(f"mesh sizes must give a positive size to each of "
                      f"{MESH_AXES}, got {dict(sizes)}")
   return AbstractMesh(tuple(int(sizes[a]) for a in MESH_AXES), MESH_AXES)
-
-
-def tree_bytes_per_device(abstract_tree: Any, sharding_tree: Any) -> int:
-  """Bytes one device holds of a sharded pytree (ShapeDtypeStruct leaves)."""
-  sizes = jax.tree.map(
-      lambda leaf, sh: math.prod(sh.shard_shape(leaf.shape)) *
-      jnp.dtype(leaf.dtype).itemsize, abstract_tree, sharding_tree)
-  return int(sum(jax.tree.leaves(sizes)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -180,14 +180,28 @@ def _write_pages(k_PxKxNxDh, vt_PxKxDhxN, k_BxKxDh, v_BxKxDh, pos_B,
   return k_PxKxNxDh, vt_PxKxDhxN
 
 
-def _full_view(k, vt, view_len: int | None, pages_BxV):
-  """The entries a step reads, as (B, V, K, S, Dh) and (B, V, K, Dh, S)."""
-  if pages_BxV is None:
-    n = k.shape[2] if view_len is None else view_len
-    return k[:, None, :, :n], vt[:, None, :, :, :n]
+def _rows_view(k_BxKxSxDh, vt_BxKxDhxS, view_len: int | None = None):
+  """The first view_len entries of each row (None: all) as one block:
+  (B, 1, K, S, Dh) and (B, 1, K, Dh, S)."""
+  n = k_BxKxSxDh.shape[2] if view_len is None else view_len
+  return k_BxKxSxDh[:, None, :, :n], vt_BxKxDhxS[:, None, :, :, :n]
+
+
+def _pages_view(k_PxKxNxDh, vt_PxKxDhxN, pages_BxV):
+  """Each slot's V pages in view: (B, V, K, N, Dh) and (B, V, K, Dh, N)."""
   # Page id P (none) is clamped onto a real page: its entries are masked.
-  safe_BxV = jnp.minimum(pages_BxV, k.shape[0] - 1)
-  return k[safe_BxV], vt[safe_BxV]
+  safe_BxV = jnp.minimum(pages_BxV, k_PxKxNxDh.shape[0] - 1)
+  return k_PxKxNxDh[safe_BxV], vt_PxKxDhxN[safe_BxV]
+
+
+def _attend_upto(q, k_view, vt_view, pos_B, cfg: ModelConfig,
+                 sharder: Sharder | None) -> jax.Array:
+  """One query per slot over the V x S entries in view, of which those at
+  0 .. pos_B count (a ring holds only written entries once pos >= R, and
+  entries 0 .. pos before)."""
+  n = k_view.shape[1] * k_view.shape[3]
+  mask_BxN = jnp.arange(n)[None, :] <= pos_B[:, None]
+  return _attend_blocks(q, k_view, vt_view, mask_BxN, cfg, sharder)
 
 
 def _paged_attend(q, k_new, v_new, k_pool, vt_pool, pages_BxV, pos_B,
@@ -196,11 +210,8 @@ def _paged_attend(q, k_new, v_new, k_pool, vt_pool, pages_BxV, pos_B,
   pages: (attention out, k_pool, vt_pool). Shard-local on a mesh."""
   k_pool, vt_pool = _write_pages(k_pool, vt_pool, k_new[:, 0], v_new[:, 0],
                                  pos_B, pages_BxV)
-  k_view, vt_view = _full_view(k_pool, vt_pool, None, pages_BxV)
-  n = k_view.shape[1] * k_view.shape[3]
-  mask_BxN = jnp.arange(n)[None, :] <= pos_B[:, None]
-  return (_attend_blocks(q, k_view, vt_view, mask_BxN, cfg, None), k_pool,
-          vt_pool)
+  k_view, vt_view = _pages_view(k_pool, vt_pool, pages_BxV)
+  return _attend_upto(q, k_view, vt_view, pos_B, cfg, None), k_pool, vt_pool
 
 
 def _paged_layer_attention(q, k_new, v_new, k_pool, vt_pool, pages_BxV,
@@ -236,23 +247,16 @@ def _decode_layer(x_Bx1xD, lp: Params, positions_Bx1, k, vt,
   and attending to what the slot holds up to and including it."""
   q, k_new, v_new = _qkv(x_Bx1xD, lp, positions_Bx1, cfg, sharder, sliding)
   pos_B = positions_Bx1[:, 0]
-  if sliding:
-    k, vt = _write_rows(k, vt, k_new[:, 0], v_new[:, 0],
-                        pos_B % k.shape[2])
-    k_view, vt_view = k[:, None], vt[:, None]
-  elif pages_BxV is None:
-    k, vt = _write_rows(k, vt, k_new[:, 0], v_new[:, 0], pos_B)
-    k_view, vt_view = _full_view(k, vt, view_len, None)
-  else:
+  if pages_BxV is not None and not sliding:
     attn, k, vt = _paged_layer_attention(q, k_new, v_new, k, vt, pages_BxV,
                                          pos_B, cfg, sharder)
     attn = constrain(sharder, attn, ("batch", "length", "heads", "head_dim"))
-    return _residual_and_mlp(x_Bx1xD, attn, lp, cfg, sharder), k, vt
-  n = k_view.shape[1] * k_view.shape[3]
-  # Entries 0..pos of a slot (a ring's entries are all written ones once
-  # pos >= R, and entries 0..pos before).
-  mask_BxN = jnp.arange(n)[None, :] <= pos_B[:, None]
-  attn = _attend_blocks(q, k_view, vt_view, mask_BxN, cfg, sharder)
+  else:
+    # A sliding layer's ring: written at position mod its length, read whole.
+    at_B = pos_B % k.shape[2] if sliding else pos_B
+    k, vt = _write_rows(k, vt, k_new[:, 0], v_new[:, 0], at_B)
+    attn = _attend_upto(q, *_rows_view(k, vt, None if sliding else view_len),
+                        pos_B, cfg, sharder)
   return _residual_and_mlp(x_Bx1xD, attn, lp, cfg, sharder), k, vt
 
 

@@ -256,10 +256,10 @@ class _Slots:
     return self.response[slot, lo:hi], self.logprobs[slot, lo:hi]
 
   def result(self, slot: int, req: SampleRequest, code: int) -> SampleResult:
-    lo, hi = self.n_prefix[slot], self.n_prefix[slot] + self.n_new[slot]
+    tokens, logprobs = self.generated(slot)
     return SampleResult(
-        id=req.id, tokens=tuple(int(t) for t in self.response[slot, lo:hi]),
-        logprobs=tuple(float(x) for x in self.logprobs[slot, lo:hi]),
+        id=req.id, tokens=tuple(int(t) for t in tokens),
+        logprobs=tuple(float(x) for x in logprobs),
         finish_reason=FINISH_REASONS[code - 1])
 
 

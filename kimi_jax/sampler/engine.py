@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -57,7 +56,7 @@ from kimi_jax.sampler.repetition import repeating_on_device
 from kimi_jax.sampler.sampling import (SamplingParams, SlotSampling,
                                        empty_slot_sampling, sample_tokens,
                                        stacked_slot_sampling)
-from kimi_jax.sharding import Sharder, abstract_arrays
+from kimi_jax.sharding import Sharder, abstract_arrays, tree_bytes_per_device
 from kimi_jax.token_rows import image_slots, put_images
 from kimi_jax.vision.merge import RowImages
 
@@ -407,11 +406,9 @@ class Engine:
     book = self._book(state)
     if book.pages is None:
       return np.zeros((1,), np.int64)
-    left_B = np.asarray(steps_left_B)
-    running = np.flatnonzero(book.active & (left_B > 0))
-    reach = np.minimum(book.lengths[running] + left_B[running],
-                       self.cache_len)
-    return book.pages.extra_per_shard(running, reach)
+    running_B, reach_B = book.reach(np.asarray(steps_left_B), self.cache_len)
+    return book.pages.extra_per_shard(np.flatnonzero(running_B),
+                                      reach_B[running_B])
 
   def pages_for_tokens(self, n_tokens: int) -> int:
     """Pages a sequence of n_tokens cache entries holds (0 for rows)."""
@@ -514,16 +511,12 @@ class Engine:
     """The view of a generate call whose slots take at most left_B steps:
     the smallest that covers every position a slot writes or reads during
     it, and (paged) the pages of those positions, taken from the pool."""
-    e = self.engine_cfg
-    running_B = book.active & (left_B > 0)
-    # A running slot writes positions len .. len + steps - 1; one that does
-    # not run still computes a step at position len (masked, discarded).
-    reach_B = np.where(running_B, book.lengths + left_B, book.lengths + 1)
-    view = e.view_for(int(min(reach_B.max(initial=1), e.cache_len)))
+    running_B, reach_B = book.reach(left_B, self.cache_len)
+    view = self.engine_cfg.view_for(int(reach_B.max(initial=1)))
     if book.pages is None:
       return view, ()
     for b in np.flatnonzero(running_B):
-      book.pages.grow(int(b), int(min(reach_B[b], e.cache_len)))
+      book.pages.grow(int(b), int(reach_B[b]))
     return view, (book.pages.table[:, :view].copy(),)
 
   def _slot_sharding(self, ndim: int) -> jax.sharding.Sharding:
@@ -731,11 +724,8 @@ class Engine:
     rows always hold max_slots; a pool holds its entries / L sequences of
     mean live length L (at most max_slots)."""
     e = self.engine_cfg
-    cache = jax.eval_shape(self._init_state).cache
-    per_device = sum(
-        math.prod(sh.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
-        for x, sh in zip(jax.tree.leaves(cache),
-                         jax.tree.leaves(self._state_shardings.cache)))
+    per_device = tree_bytes_per_device(jax.eval_shape(self._init_state).cache,
+                                       self._state_shardings.cache)
     entries = e.n_pages * e.page_size if e.paged else e.max_slots * e.cache_len
     fit = lambda n: e.max_slots if not e.paged else min(e.max_slots,
                                                        entries // n)

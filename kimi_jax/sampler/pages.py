@@ -152,6 +152,18 @@ class HostBook:
     self._pending = lengths_B
     self._touched[:] = False
 
+  def reach(self, steps_left_B: np.ndarray, cache_len: int
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """(running_B, reach_B) of a generate call in which slot b takes at
+    most steps_left_B[b] steps: the slots that run, and how many cache
+    entries each touches (a running slot writes len .. len + steps - 1; one
+    that does not run still computes a step at position len, masked), at
+    most cache_len."""
+    running_B = self.active & (steps_left_B > 0)
+    reach_B = np.where(running_B, self.lengths + steps_left_B,
+                       self.lengths + 1)
+    return running_B, np.minimum(reach_B, cache_len)
+
   def set(self, slot: int, length: int) -> None:
     """Slot now holds a sequence of `length` cache entries."""
     self.lengths[slot] = length
