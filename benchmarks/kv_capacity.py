@@ -7,7 +7,9 @@ Builds the experiment's engine twice on the slice's mesh (the TPU compiler
 runs on this host: needs libtpu, requirements-test.txt): as shipped (a row
 of cache_len entries per slot) and paged with the same KV memory
 (`--page_size` entries per page, `--slots_factor` times the slots, the pool
-holding max_slots x cache_len entries). For each it compiles the decode
+holding max_slots x cache_len entries), and paged again with Pallas's TPU
+paged attention kernel (`sampler.attention_kernel=pallas_tpu`) in place
+of the XLA gather. For each it compiles the decode
 call (`sampler_generate`: steps_per_call steps over every slot, the view
 covering the whole cache) and reports the compiler's per-chip bytes, the
 cache per chip, and the sequences each holds at mean live lengths 2048,
@@ -68,18 +70,22 @@ def main(argv=None) -> dict:
   paged = {"sampler.page_size": args.page_size,
            "sampler.kv_pages": slots * cache_len // args.page_size,
            "sampler.max_slots": slots * args.slots_factor}
+  kernel = dict(paged, **{"sampler.attention_kernel": "pallas_tpu"})
   report = dict(config=args.config, topology=args.topology,
                 rows=compile_variant(args.config, {}, args.topology),
-                pages=compile_variant(args.config, paged, args.topology))
+                pages=compile_variant(args.config, paged, args.topology),
+                pages_tpu_kernel=compile_variant(args.config, kernel,
+                                                 args.topology))
   live = report["rows"]["kv_cache"]["sequences_at_mean_live"]
   paged_live = report["pages"]["kv_cache"]["sequences_at_mean_live"]
   report["pages_vs_rows_sequences"] = {n: paged_live[n] / live[n]
                                        for n in live}
-  print(f"{'layout':<7}{'slots':>7}{'KV GB/chip':>12}{'decode GB/chip':>16}"
-        + "".join(f"{'seqs @' + n:>12}" for n in live))
-  for name in ("rows", "pages"):
+  print(f"{'layout':<18}{'slots':>7}{'KV GB/chip':>12}"
+        f"{'decode GB/chip':>16}" + "".join(f"{'seqs @' + n:>12}"
+                                            for n in live))
+  for name in ("rows", "pages", "pages_tpu_kernel"):
     r = report[name]
-    print(f"{name:<7}{r['kv_cache']['slots']:>7}"
+    print(f"{name:<18}{r['kv_cache']['slots']:>7}"
           f"{r['kv_cache']['bytes_per_device'] / 1e9:>12.2f}"
           f"{r['sampler_generate']['total_bytes'] / 1e9:>16.2f}" + "".join(
               f"{v:>12}" for v in r["kv_cache"][

@@ -193,6 +193,9 @@ def _sampler_section(seq_len: int, max_slots: int
       page_size=0,
       kv_pages=0,
       min_view=512,
+      # "xla" (any backend) or "pallas_tpu" (the TPU paged attention
+      # kernel; needs page_size > 0).
+      attention_kernel="xla",
   ))
 
 

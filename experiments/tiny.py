@@ -178,6 +178,9 @@ def sampler_config() -> ml_collections.ConfigDict:
       page_size=0,
       kv_pages=0,
       min_view=64,
+      # "xla" (any backend) or "pallas_tpu" (the TPU paged attention
+      # kernel; needs page_size > 0).
+      attention_kernel="xla",
   ))
 
 

@@ -18,6 +18,8 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 * 2**30))
 
+import contextlib  # noqa: E402
+
 import jax  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")
@@ -34,6 +36,10 @@ def pytest_configure(config):
       "into pure functions, eagerly, by design (numerics of losses, sampling, "
       "the model against references); the host-to-device transfer guard is "
       "off for it. Tests of the job's data paths must not use it.")
+  config.addinivalue_line(
+      "markers", "tpu_interpreter: the test runs a Pallas TPU kernel in "
+      "Pallas's TPU interpreter, whose simulated memory moves through host "
+      "callbacks; the host-to-device transfer guard is off for it.")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -49,5 +55,18 @@ def pytest_runtest_call(item):
 
 
 def _guard_for(item):
+  if item.get_closest_marker("tpu_interpreter"):
+    return _no_guard_in_any_thread()
   level = "allow" if item.get_closest_marker("host_inputs") else "disallow"
   return jax.transfer_guard_host_to_device(level)
+
+
+@contextlib.contextmanager
+def _no_guard_in_any_thread():
+  # The interpreter's callbacks run on XLA's threads, which see only the
+  # global setting.
+  jax.config.update("jax_transfer_guard_host_to_device", "allow")
+  try:
+    yield
+  finally:
+    jax.config.update("jax_transfer_guard_host_to_device", "disallow")

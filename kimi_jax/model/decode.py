@@ -27,6 +27,11 @@ bound per call, see `kimi_jax.sampler.engine`):
 
 Either way entries past a slot's length are masked to exactly zero weight,
 so a longer view changes nothing but the order of float additions.
+
+With `kernel="pallas_tpu"` the pool keeps the layout of Pallas's TPU paged
+attention kernel instead, keys and values alike (k, vt: K x P x page x
+Dh), and the kernel reads each slot's pages only up to its length: no
+gather, no masked tail.
 Sliding-window layers keep per-slot rings of at most `sliding_window`
 entries (already bounded), read whole.
 
@@ -42,6 +47,7 @@ import jax
 import jax.numpy as jnp
 
 import functools
+import math
 
 from kimi_jax.model import attention
 from kimi_jax.model.config import SLIDING, ModelConfig
@@ -58,7 +64,8 @@ class DecodeCache(NamedTuple):
 
   k[l]: keys, vt[l]: values transposed, of the full-attention layers: rows
   (B, K, S, Dh) and (B, K, Dh, S), or pages (P, K, page, Dh) and
-  (P, K, Dh, page). local_k, local_vt: the sliding layers' rings as rows
+  (P, K, Dh, page), or for the TPU kernel keys and values (not
+  transposed) both (K, P, page, Dh). local_k, local_vt: the sliding layers' rings as rows
   (S = R; None for a model without them).
   """
 
@@ -214,14 +221,62 @@ def _paged_attend(q, k_new, v_new, k_pool, vt_pool, pages_BxV, pos_B,
   return _attend_upto(q, k_view, vt_view, pos_B, cfg, None), k_pool, vt_pool
 
 
+# Pages the TPU kernel copies into VMEM per block (at most; it must divide
+# the pages in view).
+KERNEL_BLOCK_PAGES = 8
+
+
+def _write_kernel_pages(k_KxPxNxDh, v_KxPxNxDh, k_BxKxDh, v_BxKxDh, pos_B,
+                        pages_BxV):
+  """`_write_pages` for the TPU kernel's layout."""
+  _, P, N, _ = k_KxPxNxDh.shape
+  page_B = page_of(pages_BxV, pos_B, N, P)
+  at_B = pos_B % N
+  put = lambda pool, new_BxKxDh: pool.at[:, page_B, at_B].set(
+      new_BxKxDh.transpose(1, 0, 2).astype(pool.dtype), mode="drop")
+  return put(k_KxPxNxDh, k_BxKxDh), put(v_KxPxNxDh, v_BxKxDh)
+
+
+def _kernel_attend(q, k_new, v_new, k_pool, v_pool, pages_BxV, pos_B,
+                   cfg: ModelConfig, interpret: bool):
+  """`_paged_attend` by Pallas's TPU paged attention kernel (in its TPU
+  interpreter when `interpret`)."""
+  # Imported here: only a TPU-kernel engine needs Pallas's TPU modules.
+  from jax.experimental.pallas import tpu as pltpu
+  from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+  k_pool, v_pool = _write_kernel_pages(k_pool, v_pool, k_new[:, 0],
+                                       v_new[:, 0], pos_B, pages_BxV)
+  Dh = q.shape[-1]
+  scale = _attn_scale(cfg) or Dh ** -0.5
+  # The kernel does not scale scores: the query carries the scale.
+  q_BxHxDh = (q[:, 0].astype(jnp.float32) * scale).astype(q.dtype)
+  P, V = k_pool.shape[1], pages_BxV.shape[1]
+  call = functools.partial(
+      paged_attention, q_BxHxDh, k_pool, v_pool,
+      (pos_B + 1).astype(jnp.int32),
+      jnp.minimum(pages_BxV, P - 1).astype(jnp.int32),
+      pages_per_compute_block=math.gcd(V, KERNEL_BLOCK_PAGES))
+  if interpret:
+    with pltpu.force_tpu_interpret_mode():
+      out_BxHxDh = call()
+  else:
+    out_BxHxDh = call()
+  return out_BxHxDh[:, None], k_pool, v_pool
+
+
 def _paged_layer_attention(q, k_new, v_new, k_pool, vt_pool, pages_BxV,
-                           pos_B, cfg: ModelConfig, sharder: Sharder | None):
-  """`_paged_attend`, on a mesh inside `jax.shard_map`: slots and pool
-  pages over the batch axes, query and key heads over `tensor` when both
-  split alike (else whole)."""
+                           pos_B, cfg: ModelConfig, sharder: Sharder | None,
+                           kernel: str = "xla"):
+  """`_paged_attend` (or the TPU kernel's), on a mesh inside
+  `jax.shard_map`: slots and pool pages over the batch axes, query and
+  key heads over `tensor` when both split alike (else whole)."""
+  if kernel == "xla":
+    fn = functools.partial(_paged_attend, cfg=cfg)
+  else:
+    fn = functools.partial(_kernel_attend, cfg=cfg,
+                           interpret=not on_tpu(sharder))
   if sharder is None:
-    return _paged_attend(q, k_new, v_new, k_pool, vt_pool, pages_BxV, pos_B,
-                         cfg)
+    return fn(q, k_new, v_new, k_pool, vt_pool, pages_BxV, pos_B)
   B, _, H, _ = q.shape
   K = k_new.shape[2]
   batch = attention._axes(sharder, "batch", B)
@@ -230,8 +285,8 @@ def _paged_layer_attention(q, k_new, v_new, k_pool, vt_pool, pages_BxV,
                                                       K) else ()
   spec = attention._spec
   qkv = spec(batch, (), heads, ())
-  pool = spec(batch, heads, (), ())
-  fn = functools.partial(_paged_attend, cfg=cfg)
+  pool = spec(batch, heads, (), ()) if kernel == "xla" else spec(
+      heads, batch, (), ())
   return jax.shard_map(
       fn, mesh=sharder.mesh,
       in_specs=(qkv, qkv, qkv, pool, pool, spec(batch, ()), spec(batch)),
@@ -239,9 +294,17 @@ def _paged_layer_attention(q, k_new, v_new, k_pool, vt_pool, pages_BxV,
           q, k_new, v_new, k_pool, vt_pool, pages_BxV, pos_B)
 
 
+def on_tpu(sharder: Sharder | None) -> bool:
+  """Whether the step runs on TPU devices (on a CPU host compiling for a
+  TPU slice, the mesh's devices say so)."""
+  if sharder is None:
+    return jax.default_backend() == "tpu"
+  return sharder.mesh.devices.flat[0].platform == "tpu"
+
+
 def _decode_layer(x_Bx1xD, lp: Params, positions_Bx1, k, vt,
                   cfg: ModelConfig, sharder: Sharder | None, sliding: bool,
-                  view_len: int | None, pages_BxV):
+                  view_len: int | None, pages_BxV, kernel: str):
   """`transformer._layer` for one new token per slot, writing it into the
   layer's cache first (a sliding layer's ring at position mod its length)
   and attending to what the slot holds up to and including it."""
@@ -249,7 +312,7 @@ def _decode_layer(x_Bx1xD, lp: Params, positions_Bx1, k, vt,
   pos_B = positions_Bx1[:, 0]
   if pages_BxV is not None and not sliding:
     attn, k, vt = _paged_layer_attention(q, k_new, v_new, k, vt, pages_BxV,
-                                         pos_B, cfg, sharder)
+                                         pos_B, cfg, sharder, kernel)
     attn = constrain(sharder, attn, ("batch", "length", "heads", "head_dim"))
   else:
     # A sliding layer's ring: written at position mod its length, read whole.
@@ -264,7 +327,7 @@ def decode_step(params: DecodeParams, tokens_B: jax.Array,
                 lengths_B: jax.Array, cache: DecodeCache, *,
                 cfg: ModelConfig, sharder: Sharder | None = None,
                 view_len: int | None = None,
-                pages_BxV: jax.Array | None = None
+                pages_BxV: jax.Array | None = None, kernel: str = "xla"
                 ) -> tuple[jax.Array, DecodeCache]:
   """Logits of one new token per slot, and the cache with it written.
 
@@ -272,8 +335,9 @@ def decode_step(params: DecodeParams, tokens_B: jax.Array,
   lengths_B[b] and attends to positions 0..lengths_B[b]; the caller advances
   the lengths of the slots that hold a sequence. The full layers' caches
   are rows read up to `view_len` entries (None: all), or pages read
-  through `pages_BxV` (see the module doc); either must cover every
-  position a slot attends to. A sliding layer's token goes to its ring
+  through `pages_BxV` (see the module doc; `kernel` "pallas_tpu": by the
+  TPU kernel, in its layout); either must cover every position a slot
+  attends to. A sliding layer's token goes to its ring
   (see `transformer.KVCache`) and attends to every ring entry written so
   far. Returns logits_Bx1xV (float32).
   """
@@ -288,7 +352,7 @@ def decode_step(params: DecodeParams, tokens_B: jax.Array,
     sliding = kind == SLIDING
     k, vt = next(caches[sliding])
     x, k, vt = _decode_layer(x, lp, positions_Bx1, k, vt, cfg, sharder,
-                             sliding, view_len, pages_BxV)
+                             sliding, view_len, pages_BxV, kernel)
     out[sliding][0].append(k)
     out[sliding][1].append(vt)
   x = _norm(x, params["final_norm"], cfg)

@@ -31,9 +31,10 @@ class SamplerConfig:
   rest of it. Results do not depend on it. The default, 16, is what every
   shipped experiment uses.
 
-  page_size, kv_pages, min_view: the KV cache's layout (see
-  `EngineConfig`): page_size 0 keeps a row of cache_len entries per slot;
-  kv_pages 0 sizes the pool for every slot at cache_len.
+  page_size, kv_pages, min_view, attention_kernel: the KV cache's layout
+  and how decoding reads it (see `EngineConfig`): page_size 0 keeps a row
+  of cache_len entries per slot; kv_pages 0 sizes the pool for every slot
+  at cache_len.
   """
 
   max_slots: int
@@ -49,6 +50,7 @@ class SamplerConfig:
   page_size: int = 0
   kv_pages: int = 0
   min_view: int = 64
+  attention_kernel: str = "xla"
 
   def __post_init__(self):
     if self.steps_per_call < 1:
@@ -68,7 +70,7 @@ class SamplerConfig:
         prefill_buckets=tuple(self.prefill_buckets) or None,
         prefill_batch_buckets=tuple(self.prefill_batch_buckets) or None,
         page_size=self.page_size, kv_pages=self.kv_pages or None,
-        min_view=self.min_view)
+        min_view=self.min_view, attention_kernel=self.attention_kernel)
 
   @property
   def sampling(self) -> SamplingSettings:

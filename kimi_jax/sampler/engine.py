@@ -101,6 +101,9 @@ class FinishWatch(NamedTuple):
                np.zeros((B,), np.int32), np.zeros((B,), bool), ngram, times)
 
 
+ATTENTION_KERNELS = ("xla", "pallas_tpu")
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
   """max_slots: concurrent sequences B. cache_len: tokens a slot holds (prompt
@@ -116,7 +119,17 @@ class EngineConfig:
   bound the concurrent sequences by live tokens instead, and the sampler
   preempts a sequence when they run out). min_view: the shortest cache
   view a decode step reads (views are min_view x 2^i, capped at
-  cache_len); each view length used compiles `generate` once."""
+  cache_len); each view length used compiles `generate` once.
+
+  attention_kernel: how a decode step attends over pages. "xla" gathers
+  each slot's pages in view and attends with XLA ops (any backend;
+  bit-identical to rows). "pallas_tpu" runs Pallas's TPU paged attention
+  kernel, which copies only the pages up to each slot's length into VMEM
+  and keeps the pool in the kernel's layout (see `decode.py`); off a TPU
+  it runs in Pallas's TPU interpreter, which is for tests only (slow).
+  It multiplies the query by the score scale in the compute dtype and
+  the TPU rounds the kernel's float32 matmuls through bfloat16, so its
+  log-probs differ from "xla"'s in the last bits."""
 
   max_slots: int
   cache_len: int
@@ -125,6 +138,7 @@ class EngineConfig:
   page_size: int = 0
   kv_pages: int | None = None
   min_view: int = 64
+  attention_kernel: str = "xla"
 
   def __post_init__(self):
     if self.max_slots < 1:
@@ -150,6 +164,12 @@ class EngineConfig:
                        f"{self.page_size}")
     if self.min_view < 1:
       raise ValueError(f"sampler.min_view must be >= 1, got {self.min_view}")
+    if self.attention_kernel not in ATTENTION_KERNELS:
+      raise ValueError(f"sampler.attention_kernel must be one of "
+                       f"{ATTENTION_KERNELS}, got {self.attention_kernel!r}")
+    if self.attention_kernel != "xla" and not self.paged:
+      raise ValueError(f"sampler.attention_kernel={self.attention_kernel!r} "
+                       f"reads a paged cache: set sampler.page_size > 0")
 
   @property
   def paged(self) -> bool:
@@ -266,6 +286,13 @@ class Engine:
     self.cfg = cfg
     self.engine_cfg = engine_cfg
     self.sharder = sharder
+    # The TPU kernel's pool layout: keys and values both K x P x page x Dh.
+    self._kernel_layout = engine_cfg.attention_kernel != "xla"
+    if (self._kernel_layout and cfg.head_dim % 128 and
+        decode.on_tpu(sharder)):
+      raise ValueError(f"sampler.attention_kernel='pallas_tpu' needs "
+                       f"model.head_dim a multiple of 128 (the TPU's lane "
+                       f"width), got {cfg.head_dim}")
     # A vision model never samples its image placeholder (see sample_tokens).
     self._never = None if cfg.vision is None else cfg.vision.image_token_id
     self._decode_params_jit = jax.jit(decode.to_decode_params)
@@ -351,6 +378,8 @@ class Engine:
       logical = (first, "kv_heads", "length", "head_dim")
       if transposed:
         logical = (first, "kv_heads", "head_dim", "length")
+      if name in ("k", "vt") and self._kernel_layout:
+        logical = ("kv_heads", first, "length", "head_dim")
       return [s.param_sharding(f"decode_state.cache.{name}[{i}]", x.shape,
                                logical) for i, x in enumerate(xs)]
 
@@ -773,9 +802,12 @@ class Engine:
       n_full = len(rows.k)
       dt, K, Dh = self.cfg.compute_jnp_dtype, self.cfg.n_kv_heads, \
           self.cfg.head_dim
-      cache = rows._replace(
-          k=[jnp.zeros((e.n_pages, K, e.page_size, Dh), dt)] * n_full,
-          vt=[jnp.zeros((e.n_pages, K, Dh, e.page_size), dt)] * n_full)
+      k_shape, vt_shape = ((e.n_pages, K, e.page_size, Dh),
+                           (e.n_pages, K, Dh, e.page_size))
+      if self._kernel_layout:
+        k_shape = vt_shape = (K, e.n_pages, e.page_size, Dh)
+      cache = rows._replace(k=[jnp.zeros(k_shape, dt)] * n_full,
+                            vt=[jnp.zeros(vt_shape, dt)] * n_full)
     return DecodeState(cache=cache, lengths=zeros_B, tokens=zeros_B,
                        index=zeros_B, active=jnp.zeros((B,), bool),
                        sampling=empty_slot_sampling(B))
@@ -826,6 +858,9 @@ class Engine:
     def put_pages(pool, new, axis):
       # new N x K x T x Dh (axis 2) or N x K x Dh x T (axis 3), cut into
       # N x M pages of the pool's page size.
+      if self._kernel_layout:  # pool K x P x page x Dh, values untransposed
+        return put_kernel_pages(pool, new if axis == 2 else
+                                jnp.swapaxes(new, 2, 3))
       page, M = pool.shape[axis], pages_NxM.shape[1]
       pad = [(0, 0)] * 4
       pad[axis] = (0, M * page - new.shape[axis])
@@ -833,6 +868,15 @@ class Engine:
       shape = new.shape[:axis] + (M, page) + new.shape[axis + 1:]
       paged = jnp.moveaxis(new.reshape(shape), axis, 1)  # N x M x K x ...
       return pool.at[pages_NxM].set(paged.astype(pool.dtype), mode="drop")
+
+    def put_kernel_pages(pool_KxPxNxDh, new_NxKxTxDh):
+      N, K, T, Dh = new_NxKxTxDh.shape
+      page, M = pool_KxPxNxDh.shape[2], pages_NxM.shape[1]
+      new = jnp.pad(new_NxKxTxDh, ((0, 0), (0, 0), (0, M * page - T), (0, 0)))
+      paged_KxNxMxpagexDh = new.reshape(N, K, M, page, Dh).transpose(
+          1, 0, 2, 3, 4)
+      return pool_KxPxNxDh.at[:, pages_NxM].set(
+          paged_KxNxMxpagexDh.astype(pool_KxPxNxDh.dtype), mode="drop")
 
     rows = decode.to_decode_cache(transformer.KVCache(
         k=prefix.k, v=prefix.v, lengths=prefix.length, local_k=prefix.local_k,
@@ -899,7 +943,7 @@ class Engine:
           params, tokens_B, lengths_B, cache, cfg=self.cfg,
           sharder=self.sharder,
           view_len=None if pages_BxV is not None else view,
-          pages_BxV=pages_BxV)
+          pages_BxV=pages_BxV, kernel=self.engine_cfg.attention_kernel)
       new_B, logprobs_B = sample_tokens(logits_Bx1xV[:, 0], state.sampling,
                                         index_B, self._never)
       run_B = running_B.astype(jnp.int32)
