@@ -64,7 +64,7 @@ ABLATIONS = {
         description=(
             "Report 3.5, Figure 10: mirror descent, which also learns from "
             "negative samples, learns faster and ends higher than ReST, "
-            "which fits the correct samples only."),
+            "which fits the best response sampled per prompt."),
         arms={
             "mirror_descent": {"rl.loss": "mirror_descent"},
             "rest": {"rl.loss": "rest"},

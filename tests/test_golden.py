@@ -228,6 +228,25 @@ def test_the_loop_keeps_equal_reward_groups_when_they_carry_a_gradient():
                                 (REWARDS_EQ_PxK > 0).any(axis=1))
 
 
+def test_rest_fits_the_best_verified_response_of_each_prompt():
+  """Report 3.5: ReST fits the best response sampled; the best is the
+  highest reward (a length bonus counts), the first among equals, and a
+  group without a verified response fits nothing."""
+  reward = np.array([[1.0, 0.7, 1.0], [0.2, 0.9, 0.5], [1.0, 1.0, 1.0],
+                     [0.0, 0.0, 0.0], [0.3, -0.5, -0.2]], np.float32)
+  verified = np.array([[1, 1, 1], [0, 1, 1], [0, 1, 1], [0, 0, 0],
+                       [0, 1, 1]], bool)
+  scores = Scores(reward_PxK=reward, correct_PxK=verified,
+                  verified_PxK=verified)
+  np.testing.assert_array_equal(scores.fitted_PxK("rest"), [
+      [1, 0, 0], [0, 1, 0], [0, 1, 0], [0, 0, 0], [0, 0, 1]])
+  np.testing.assert_array_equal(scores.fitted_PxK("rest_all_verified"),
+                                verified)
+  for loss in ("rest", "rest_all_verified"):
+    np.testing.assert_array_equal(scores.trained_P(loss, steps=4),
+                                  [1, 1, 1, 0, 1])
+
+
 def test_rest_fits_verified_responses_not_lucky_answers():
   # Group 0 has only a lucky answer: right, but vetoed by the step check
   # (RewardResult.verified; tests/test_rewards_reasoning_gym.py).

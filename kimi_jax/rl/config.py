@@ -6,7 +6,10 @@ import dataclasses
 
 from kimi_jax.train_step import AdamWConfig
 
-_LOSSES = ("mirror_descent", "rest")
+# "rest": the report's ReST baseline (section 3.5), fitting the best
+# response per prompt; "rest_all_verified" fits every verified response.
+_LOSSES = ("mirror_descent", "rest", "rest_all_verified")
+REST_LOSSES = ("rest", "rest_all_verified")
 _BASELINES = ("mean", "soft")
 
 

@@ -35,7 +35,7 @@ from kimi_jax.infra.console import log, progress
 from kimi_jax.infra.metrics import MetricsWriter
 from kimi_jax.rewards.base import reward_stats, score_all
 from kimi_jax.rl import batching, length_reward, replay_buffer, rollout
-from kimi_jax.rl.config import RLConfig
+from kimi_jax.rl.config import REST_LOSSES, RLConfig
 from kimi_jax.rl.evaluation import EvalResult, task_of
 from kimi_jax.rl.learner import Learner
 from kimi_jax.rl.loop_state import LoopState
@@ -102,10 +102,23 @@ class Scores:
   # correct_PxK unless the reward checks steps.
   verified_PxK: np.ndarray
 
+  def fitted_PxK(self, loss: str) -> np.ndarray:
+    """What a ReST loss fits. "rest" (report 3.5: "fitting the best
+    response sampled"): per group the verified response of the highest
+    reward (length reward and repeat penalty included), the first sampled
+    among equals; "rest_all_verified": every verified response."""
+    if loss == "rest_all_verified":
+      return self.verified_PxK
+    masked_PxK = np.where(self.verified_PxK, self.reward_PxK, -np.inf)
+    best_P = np.argmax(masked_PxK, axis=1)  # the first of equal maxima
+    fitted_PxK = np.zeros_like(self.verified_PxK, dtype=bool)
+    fitted_PxK[np.arange(len(best_P)), best_P] = True
+    return fitted_PxK & self.verified_PxK
+
   def informative_P(self, loss: str) -> np.ndarray:
     """Groups with a learning signal at theta = theta_i: for mirror descent,
     rewards not all equal; for ReST, a verified response."""
-    if loss == "rest":
+    if loss in REST_LOSSES:
       return self.verified_PxK.any(axis=1)
     r = self.reward_PxK
     return r.max(axis=1) > r.min(axis=1)
@@ -127,7 +140,7 @@ class Scores:
     group with a verified response. tests/test_golden.py checks both cases.
     """
     informative = self.informative_P(loss)
-    if loss == "rest" or steps <= 1 or not informative.any():
+    if loss in REST_LOSSES or steps <= 1 or not informative.any():
       return informative
     return np.ones_like(informative)
 
@@ -294,9 +307,11 @@ class RLLoop:
         len_buckets=learner.len_buckets, pad_id=self.task.tokenizer.pad_id,
         rows=learner.row_buckets, pack=rl.pack_sequences,
         images=self.image_inputs([g.prompt_index for g in groups]))
-    # The minibatch's correct_PxK is what ReST fits: the verified ones.
+    # The minibatch's correct_PxK is what ReST fits.
+    fitted_PxK = (scores.fitted_PxK(rl.loss) if rl.loss in REST_LOSSES else
+                  scores.verified_PxK)
     return batching.with_scores(mbs, members, reward_PxK=scores.reward_PxK,
-                                correct_PxK=scores.verified_PxK)
+                                correct_PxK=fitted_PxK)
 
   def iteration(self, state: LoopState, train: ts.TrainState
                 ) -> tuple[LoopState, ts.TrainState, dict[str, float]]:

@@ -15,7 +15,7 @@ from kimi_jax.model import logprobs
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.rl import losses
 from kimi_jax.rl.batching import Minibatch
-from kimi_jax.rl.config import RLConfig
+from kimi_jax.rl.config import REST_LOSSES, RLConfig
 from kimi_jax.sharding import Sharder
 from kimi_jax.token_rows import TokenRows
 
@@ -95,7 +95,7 @@ def policy_loss(params, mb: Minibatch, *, cfg: ModelConfig, rl: RLConfig,
   own_PxK = jax.lax.stop_gradient(seq_logp_PxK)
   if sharder is not None:
     own_PxK = jax.lax.with_sharding_constraint(own_PxK, sharder.replicated())
-  if rl.loss == "rest":
+  if rl.loss in REST_LOSSES:
     n_tokens_PxK = _per_response(mb.rows.mask_RxT, mb)
     loss, metrics = losses.rest_seq_loss(seq_logp_PxK, n_tokens_PxK,
                                          mb.correct_PxK)
