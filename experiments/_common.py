@@ -98,6 +98,10 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
   c.checkpoint = ml_collections.ConfigDict(dict(every_iterations=5,
                                                 max_to_keep=3))
   c.log = ml_collections.ConfigDict(dict(progress=True, plots=True))
+  # Weights & Biases: set wandb_project to log there too (optional
+  # dependency, requirements-wandb.txt).
+  c.metrics = ml_collections.ConfigDict(dict(wandb_project="", wandb_name="",
+                                             wandb_entity=""))
   return c
 
 
@@ -246,6 +250,9 @@ def _rl_section(seq_len: int, *, prompts_per_iteration: int,
       pack_sequences=True,
       eval_every=20,
       eval_samples=4,
+      # Standard benchmarks at each evaluation, e.g.
+      # ("math500=/data/math500.jsonl", "humaneval") (docs/evaluation.md).
+      eval_benchmarks=(),
   ))
 
 

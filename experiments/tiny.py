@@ -100,11 +100,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict(dict(every_iterations=1,
                                                 max_to_keep=2))
   c.log = ml_collections.ConfigDict(dict(progress=True, plots=True))
+  c.metrics = metrics_config()
   if arg == "micro":
     shrink_to_micro(c)
   elif arg:
     raise ValueError(f"unknown variant {arg!r} (known: micro)")
   return c
+
+
+def metrics_config() -> ml_collections.ConfigDict:
+  """Weights & Biases off; set metrics.wandb_project to log there too
+  (optional dependency, requirements-wandb.txt)."""
+  return ml_collections.ConfigDict(dict(wandb_project="", wandb_name="",
+                                        wandb_entity=""))
 
 
 def task_config() -> ml_collections.ConfigDict:
@@ -225,6 +233,7 @@ def rl_config() -> ml_collections.ConfigDict:
       pack_sequences=True,
       eval_every=10,
       eval_samples=4,
+      eval_benchmarks=(),
   ))
 
 

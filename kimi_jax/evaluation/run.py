@@ -1,5 +1,5 @@
-"""A benchmark run: K samples per problem (through a sampler policy, or
-read from a responses file), scored, summarised and written out.
+"""A benchmark run: K samples per problem (through a model, or read from a
+responses file), scored, summarised and written out.
 
   benchmarks.json  {benchmark: {pass_at_1, n_problems, samples,
                    mean_response_tokens, p90_response_tokens, pass_at_k,
@@ -7,59 +7,40 @@ read from a responses file), scored, summarised and written out.
   responses.jsonl  one row per scored response: benchmark, id, sample,
                    response, tokens, correct, answer (math: the extracted
                    answer), error
+  journal.jsonl    every finished chunk of problems, sampled and scored
+                   (kimi_jax/data/journal.py): a rerun of a killed
+                   evaluation takes them from here and samples only the
+                   rest
 
 Math items are scored by the math reward (math-verify on the last boxed
 answer after the thinking block), code items by the code reward in the
-sandbox.
+sandbox, MathVista items by mathvista.py's rules.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
 from typing import Any, Mapping, Sequence
 
-from kimi_jax.evaluation import protocol
-from kimi_jax.evaluation.benchmarks import BENCHMARKS, BenchmarkError
+from kimi_jax.data import journal as journal_lib
+from kimi_jax.evaluation import mathvista, protocol
+from kimi_jax.evaluation.benchmarks import BenchmarkError
+from kimi_jax.evaluation.sampling import (DEFAULT_SAMPLES, Drawn, Loaded,
+                                          Model, Settings, check_model,
+                                          sample)
 from kimi_jax.rewards.base import score_all
 from kimi_jax.rewards.registry import make_reward
-from kimi_jax.rl import rollout
-from kimi_jax.sampler.driver import SampleRequest
-from kimi_jax.sampler.sampling import SamplingParams
 from kimi_jax.sandbox import Sandbox
 
-# Per-problem samples by default: the k1.5 report (section 3.4) gives AIME
-# pass@1 "averaged over 8 runs".
-DEFAULT_SAMPLES = 8
-# Requests handed to the sampler per call (one progress-bar step): enough
-# to keep its slots full, few enough that the bar moves.
-REQUESTS_PER_CALL = 1024
+__all__ = ["DEFAULT_SAMPLES", "Drawn", "Model", "Settings", "evaluate",
+           "format_table", "read_responses", "run_benchmark", "score",
+           "summarize"]
 
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """How responses are drawn (unused when they are read from a file)."""
-
-  samples: int = DEFAULT_SAMPLES
-  temperature: float = 1.0
-  top_p: float = 1.0
-  max_response_len: int = 1024
-  seed: int = 0
-  pass_at: tuple[int, ...] = ()
-
-
-@dataclasses.dataclass
-class Drawn:
-  """The responses of one problem: texts and their token counts (None:
-  unknown)."""
-
-  texts: list[str] = dataclasses.field(default_factory=list)
-  tokens: list[int | None] = dataclasses.field(default_factory=list)
-
-
-Loaded = Mapping[str, tuple[str, Sequence[Mapping[str, Any]]]]
+# Responses scored per journal entry when they come from a file.
+RESPONSES_PER_CHUNK = 512
+JOURNAL = "journal.jsonl"
 
 
 def _bar(total: int, desc: str, enabled: bool):
@@ -67,44 +48,6 @@ def _bar(total: int, desc: str, enabled: bool):
   return tqdm(total=total, desc=desc, disable=not enabled,
               dynamic_ncols=True, file=sys.stderr)
 
-
-def sample(policy: Any, name: str, items: Sequence[Mapping[str, Any]],
-           settings: Settings, progress: bool = True) -> list[Drawn]:
-  """`settings.samples` responses per item from a `SamplerPolicy`. Draw j
-  of item i is seeded by (seed, benchmark, i, j) alone, so it does not
-  depend on the other benchmarks or on how requests are batched."""
-  for item in items:
-    problem = policy.prompt_problem(item["prompt"])
-    if problem:
-      raise BenchmarkError(f"{name} {item['id']}: {problem}")
-  k = settings.samples
-  tok = policy.tokenizer
-  stops = rollout.stop_tokens(tok)
-  engine = policy.sampler.engine
-  which = list(BENCHMARKS).index(name)
-  out = [Drawn() for _ in items]
-  per_call = max(1, REQUESTS_PER_CALL // k)
-  with _bar(len(items), f"{name} ({k} samples)", progress) as bar:
-    for start in range(0, len(items), per_call):
-      requests = []
-      for i in range(start, min(start + per_call, len(items))):
-        ids = tuple(policy.encode_prompt(items[i]["prompt"]))
-        room = engine.cache_len - len(ids)
-        for j in range(k):
-          requests.append(SampleRequest(
-              id=(i, j), prompt=ids, stop_tokens=stops,
-              max_new_tokens=min(settings.max_response_len, room),
-              sampling=SamplingParams(
-                  temperature=settings.temperature, top_p=settings.top_p,
-                  greedy=settings.temperature == 0,
-                  seed=rollout.request_seed(settings.seed, which, i, j))))
-      results, _ = policy.sampler.generate(policy.params, requests)
-      for request, result in zip(requests, results):
-        drawn = out[request.id[0]]
-        drawn.texts.append(rollout.response_text(result.tokens, tok))
-        drawn.tokens.append(len(result.tokens))
-      bar.update(len(requests) // k)
-  return out
 
 
 def read_responses(path: str, loaded: Loaded
@@ -155,15 +98,16 @@ def read_responses(path: str, loaded: Loaded
 
 
 class Scorers:
-  """The math and code rewards, built on first use; `close()` stops their
-  workers."""
+  """The math, code and MathVista rewards, built on first use; `close()`
+  stops their workers."""
 
   def __init__(self):
     self._rewards: dict[str, Any] = {}
-
     self._closers: list[Any] = []
 
   def get(self, kind: str) -> Any:
+    if kind == "mathvista":
+      return self._rewards.setdefault(kind, mathvista.MathVistaReward())
     if kind not in self._rewards:
       options: dict[str, Any] = {}
       if kind == "code":
@@ -180,34 +124,77 @@ class Scorers:
 
 
 def score(name: str, items: Sequence[Mapping[str, Any]],
-          drawn: Sequence[Drawn], scorers: Scorers,
-          progress: bool = True) -> list[dict[str, Any]]:
+          drawn: Sequence[Drawn], scorers: Scorers) -> list[dict[str, Any]]:
   """One row per response, with its verdict (see the module doc)."""
   flat = [(i, j) for i, d in enumerate(drawn) for j in range(len(d.texts))]
-  rows: list[dict[str, Any]] = []
-  step = 512
-  with _bar(len(flat), f"{name} scoring", progress) as bar:
-    for start in range(0, len(flat), step):
-      chunk = flat[start:start + step]
-      by_kind: dict[str, list[int]] = {}
-      for n, (i, _) in enumerate(chunk):
-        by_kind.setdefault(items[i]["kind"], []).append(n)
-      verdicts: dict[int, Any] = {}
-      for kind, ns in by_kind.items():
-        results = score_all(scorers.get(kind),
-                            [items[chunk[n][0]] for n in ns],
-                            [drawn[chunk[n][0]].texts[chunk[n][1]]
-                             for n in ns])
-        verdicts.update(zip(ns, results))
-      for n, (i, j) in enumerate(chunk):
-        result = verdicts[n]
-        rows.append(dict(
-            benchmark=name, id=items[i]["id"], sample=j,
-            response=drawn[i].texts[j], tokens=drawn[i].tokens[j],
-            correct=bool(result.correct),
-            answer=(result.info or {}).get("answer"), error=result.error))
-      bar.update(len(chunk))
+  by_kind: dict[str, list[int]] = {}
+  for n, (i, _) in enumerate(flat):
+    by_kind.setdefault(items[i]["kind"], []).append(n)
+  verdicts: dict[int, Any] = {}
+  for kind, ns in by_kind.items():
+    results = score_all(scorers.get(kind), [items[flat[n][0]] for n in ns],
+                        [drawn[flat[n][0]].texts[flat[n][1]] for n in ns])
+    verdicts.update(zip(ns, results))
+  rows = []
+  for n, (i, j) in enumerate(flat):
+    result = verdicts[n]
+    rows.append(dict(
+        benchmark=name, id=items[i]["id"], sample=j,
+        response=drawn[i].texts[j], tokens=drawn[i].tokens[j],
+        correct=bool(result.correct),
+        answer=(result.info or {}).get("answer"), error=result.error))
   return rows
+
+
+def _journal(journal: journal_lib.Journal | None) -> journal_lib.Journal:
+  import jax
+  if journal is None or jax.process_count() > 1:
+    # Processes that sample together (SPMD) must make the same calls: one
+    # that skipped a chunk its peers recompute would hang them.
+    return journal_lib.Journal(None)
+  return journal
+
+
+def run_benchmark(name: str, items: Sequence[Mapping[str, Any]], *,
+                  scorers: Scorers, model: Model | None = None,
+                  given: Sequence[Drawn] | None = None,
+                  settings: Settings = Settings(),
+                  journal: journal_lib.Journal | None = None,
+                  progress: bool = True) -> tuple[list[dict[str, Any]], int]:
+  """(scored rows, chunks taken from the journal) of one benchmark: its
+  problems in chunks, each sampled by `model` (or taken from `given`) and
+  scored, then journaled before the next starts."""
+  if (model is None) == (given is None):
+    raise ValueError("run_benchmark: pass exactly one of model or given")
+  journal = _journal(journal)
+  if model is not None:
+    chunk, key = settings.chunk, ("sampled", name, settings.sampling())
+    keys = [journal_lib.digest(item) for item in items]
+  else:
+    per_item = max(1, round(sum(len(d.texts) for d in given) /
+                            max(len(given), 1)))
+    chunk, key = max(1, RESPONSES_PER_CHUNK // per_item), ("given", name)
+    keys = [journal_lib.digest(item, d.texts, d.tokens)
+            for item, d in zip(items, given)]
+  rows: list[dict[str, Any]] = []
+  reused = 0
+  desc = (f"{name} ({settings.samples} samples)" if model is not None else
+          f"{name} scoring")
+  with _bar(len(items), desc, progress) as bar:
+    for start in range(0, len(items), chunk):
+      part = items[start:start + chunk]
+      digest = journal.digest(key, start, keys[start:start + chunk])
+      if digest in journal:
+        reused += 1
+        rows.extend(journal.get(digest))
+      else:
+        drawn = (sample(model, name, part, settings, start)
+                 if model is not None else given[start:start + chunk])
+        done = score(name, part, drawn, scorers)
+        journal.put(digest, done)
+        rows.extend(done)
+      bar.update(len(part))
+  return rows, reused
 
 
 def summarize(rows: Sequence[Mapping[str, Any]], n_problems: int,
@@ -261,29 +248,41 @@ def format_table(report: Mapping[str, Mapping[str, Any]]) -> str:
   return "\n".join(lines)
 
 
-def evaluate(loaded: Loaded, *, out: str, policy: Any = None,
+def evaluate(loaded: Loaded, *, out: str, model: Model | None = None,
              responses: str = "", settings: Settings = Settings(),
-             source: str = "", progress: bool = True
-             ) -> dict[str, dict[str, Any]]:
-  """Draws (policy) or reads (responses) every benchmark's responses,
+             source: str = "", progress: bool = True,
+             journal: str | None = "") -> dict[str, dict[str, Any]]:
+  """Draws (model) or reads (responses) every benchmark's responses,
   scores them, writes OUT/benchmarks.json and OUT/responses.jsonl and
-  returns the report."""
-  if (policy is None) == (not responses):
-    raise ValueError("evaluate: pass exactly one of policy or responses")
+  returns the report. journal: finished chunks (default OUT/journal.jsonl;
+  None: none); what it holds for the same model, settings and problems is
+  not sampled or scored again."""
+  if (model is None) == (not responses):
+    raise ValueError("evaluate: pass exactly one of model or responses")
   given = read_responses(responses, loaded) if responses else None
+  if model is not None:
+    check_model(model, loaded)
+  os.makedirs(out, exist_ok=True)
+  book = journal_lib.Journal(
+      (journal or os.path.join(out, JOURNAL)) if journal is not None
+      else None, context=source)
   report: dict[str, dict[str, Any]] = {}
   scorers = Scorers()
-  os.makedirs(out, exist_ok=True)
   try:
     with open(os.path.join(out, "responses.jsonl"), "w") as f:
       for name, (path, items) in loaded.items():
-        drawn = (given[name] if given is not None else
-                 sample(policy, name, items, settings, progress))
-        rows = score(name, items, drawn, scorers, progress)
+        rows, reused = run_benchmark(
+            name, items, scorers=scorers, model=model,
+            given=None if given is None else given[name],
+            settings=settings, journal=book, progress=progress)
+        if reused:
+          print(f"{name}: {reused} chunk(s) of problems taken from the "
+                f"journal {book.path}", file=sys.stderr)
         for row in rows:
           f.write(json.dumps(row) + "\n")
         entry = summarize(rows, len(items), settings.pass_at)
-        entry.update(file=os.path.abspath(path), source=source)
+        entry.update(file=os.path.abspath(path), source=source,
+                     journal_chunks_reused=reused)
         if given is None:
           entry.update(temperature=settings.temperature,
                        top_p=settings.top_p,

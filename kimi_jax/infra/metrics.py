@@ -1,5 +1,6 @@
-"""Run metrics: JSONL and TensorBoard event files while running, PNG plots at
-the end. Only process 0 writes; other processes get a writer that does
+"""Run metrics: JSONL and TensorBoard event files (and Weights & Biases,
+when `metrics.wandb_project` is set: wandb_log.py) while running, PNG plots
+at the end. Only process 0 writes; other processes get a writer that does
 nothing, so callers need no `if process_index == 0` branches.
 """
 
@@ -9,7 +10,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -52,14 +53,21 @@ class MetricsWriter:
   """Appends one JSON line per record and mirrors scalars to TensorBoard."""
 
   def __init__(self, workdir: str, *, enabled: bool = True,
-               filename: str = "metrics.jsonl"):
+               filename: str = "metrics.jsonl", wandb: Any = None,
+               run_config: Mapping[str, Any] | None = None):
+    """wandb: a `wandb_log.MetricsConfig`; with a project, scalars go to
+    that W&B project too (run_config: the experiment, shown there)."""
     self.enabled = enabled
     self.path = os.path.join(workdir, filename)
     self._tb = None
+    self._wandb = None
     if enabled:
       os.makedirs(workdir, exist_ok=True)
       from tensorboardX import SummaryWriter  # lazy: heavy import
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      if wandb is not None and wandb.wandb_project:
+        from kimi_jax.infra.wandb_log import WandbSink  # optional wandb
+        self._wandb = WandbSink(wandb, workdir, run_config)
 
   def write(self, step: int, stage: str, values: Mapping[str, object]
             ) -> dict:
@@ -72,15 +80,21 @@ class MetricsWriter:
     with open(self.path, "a") as f:
       f.write(json.dumps(record, allow_nan=True) + "\n")
       f.flush()
-    for k, v in record.items():
-      if isinstance(v, float) and math.isfinite(v):
-        self._tb.add_scalar(f"{stage}/{k}", v, step)
+    scalars = {k: v for k, v in record.items()
+               if isinstance(v, float) and math.isfinite(v)}
+    for k, v in scalars.items():
+      self._tb.add_scalar(f"{stage}/{k}", v, step)
     self._tb.flush()
+    if self._wandb is not None:
+      self._wandb.log(stage, step, scalars)
     return record
 
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+    if self._wandb is not None:
+      self._wandb.close()
+      self._wandb = None
 
 
 def drop_after(path: str, stage_limits: Mapping[str, int]) -> int:

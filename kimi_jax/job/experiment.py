@@ -26,6 +26,7 @@ from kimi_jax.data.tasks import TaskConfig, check_data_config, task_config
 from kimi_jax.infra.checkpoint import CheckpointConfig
 from kimi_jax.infra.config import ConfigError, to_dataclass
 from kimi_jax.infra.metrics import LogConfig
+from kimi_jax.infra.wandb_log import MetricsConfig
 from kimi_jax.model import hf
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.reward_models.config import RewardModelConfig, rm_kind
@@ -58,6 +59,8 @@ class ExperimentConfig:
   log: LogConfig
   # Optional section: configs without it score with the task's verifier.
   reward_model: RewardModelConfig = RewardModelConfig()
+  # Optional section: where metrics go besides JSONL and TensorBoard.
+  metrics: MetricsConfig = MetricsConfig()
 
 
 def explicit_model_keys(overrides: Iterable[str] | Mapping[str, Any]
@@ -155,7 +158,9 @@ def parse_config(config: ml_collections.ConfigDict,
       log=to_dataclass(LogConfig, config.log, "log"),
       reward_model=(to_dataclass(RewardModelConfig, config.reward_model,
                                  "reward_model")
-                    if "reward_model" in config else RewardModelConfig()))
+                    if "reward_model" in config else RewardModelConfig()),
+      metrics=(to_dataclass(MetricsConfig, config.metrics, "metrics")
+               if "metrics" in config else MetricsConfig()))
   check_experiment(cfg, n_devices)
   return cfg
 

@@ -34,6 +34,7 @@ import numpy as np
 from kimi_jax import sft as sft_lib
 from kimi_jax import train_step as ts
 from kimi_jax.data import tasks as tasks_lib
+from kimi_jax.evaluation import in_training
 from kimi_jax.infra import workdir_lock
 from kimi_jax.infra import checkpoint as ckpt_lib
 from kimi_jax.infra import metrics as metrics_lib
@@ -80,6 +81,8 @@ class Job:
   sft_data: sft_lib.SFTData | None = None
   # The same evaluation on the task's validation set (None without one).
   validator: Evaluator | None = None
+  # rl.eval_benchmarks at every held-out evaluation (None: none named).
+  benchmarks: Any = None
 
   def save_iteration(self, loop_state: LoopState, train: ts.TrainState
                      ) -> None:
@@ -113,6 +116,16 @@ class Job:
     log(f"validation pass@1 {result['pass_at_1']:.3f} (greedy "
         f"{result['greedy_accuracy']:.3f}, {result['n_problems']} problems)")
     return result
+
+  def run_benchmarks(self, params, step: int) -> None:
+    """rl.eval_benchmarks' pass@1 of `params`, logged at `step` (stage
+    "benchmarks"); nothing when it names none."""
+    if self.benchmarks is None:
+      return
+    result = self.benchmarks(params)
+    self.metrics.write(step, "benchmarks", result)
+    log("benchmarks: " + ", ".join(f"{k} {v:.3f}" for k, v in
+                                   result.items()))
 
   def restore_loop_state(self, data: dict) -> LoopState:
     rl = self.cfg.rl
@@ -156,17 +169,33 @@ def build(cfg: ExperimentConfig, workdir: str) -> Job:
                         seed=cfg.seed + 1, settings=cfg.sampler.sampling)
   validator = (dataclasses.replace(evaluator, split="val")
                if len(eval_task.val) else None)
+  benchmarks = in_training.build(cfg, eval_task, sampler)
   if "://" not in workdir:
     os.makedirs(workdir, exist_ok=True)
   checkpointer = ckpt_lib.Checkpointer(
       os.path.join(workdir, "checkpoints"),
       max_to_keep=cfg.checkpoint.max_to_keep)
-  metrics = metrics_lib.MetricsWriter(workdir,
-                                      enabled=jax.process_index() == 0)
+  metrics = metrics_lib.MetricsWriter(
+      workdir, enabled=jax.process_index() == 0, wandb=cfg.metrics,
+      run_config=_flat_config(cfg) if cfg.metrics.wandb_project else None)
   if jax.process_index() == 0 and hasattr(task.tokenizer, "save"):
     task.tokenizer.save(workdir)
   return Job(cfg, workdir, sharder, task, sampler.engine, sampler, learner,
-             evaluator, checkpointer, metrics, sft_data, validator)
+             evaluator, checkpointer, metrics, sft_data, validator,
+             benchmarks)
+
+
+def _flat_config(cfg: ExperimentConfig) -> dict[str, Any]:
+  """The experiment as `section.key: value` (what W&B shows as the run's
+  config)."""
+  out = {"seed": cfg.seed, "init_from_hf": cfg.init_from_hf}
+  for f in dataclasses.fields(cfg):
+    value = getattr(cfg, f.name)
+    if dataclasses.is_dataclass(value):
+      for k, v in dataclasses.asdict(value).items():
+        out[f"{f.name}.{k}"] = v if isinstance(
+            v, (int, float, str, bool, type(None))) else str(v)
+  return out
 
 
 def data_metrics(job: Job) -> dict[str, int]:
@@ -444,6 +473,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   loop_state, train, final, final_val = _reinforce(job, loop_state, train)
   export = export_policy(job, train.params)
   summary = _write_summary(job, loop_state, final, final_val, export)
+  if job.benchmarks is not None:
+    job.benchmarks.close()
   job.metrics.close()
   job.checkpointer.close()
   return summary
@@ -487,7 +518,8 @@ def _drop_metrics_after(job: Job, host: dict) -> None:
                else it - 1)
   # A stage that stopped early logged no step past its stop.
   limits = ({"data": 0, "sft": cfg.sft.steps, "sft_val": cfg.sft.steps,
-             "eval": last_eval, "val": last_eval, "rl": it}
+             "eval": last_eval, "val": last_eval, "benchmarks": last_eval,
+             "rl": it}
             if host["stage"] == "rl" else
             {"data": 0, "sft": int(host.get("sft_step", 0)),
              "sft_val": int(host.get("sft_step", 0))})
@@ -505,6 +537,7 @@ def _warm_start(job: Job, state: ts.TrainState, host: dict, sft_opt,
                     stage2_state=host.get("data2"))
   warm = dataclasses.asdict(job.evaluator(state.params))
   job.metrics.write(0, "eval", warm)
+  job.run_benchmarks(state.params, 0)
   # An SFT-only job (the gym pipeline's vanilla stage) has no RL to warm.
   label = ("warm-start held-out pass@1" if cfg.rl.iterations > 0 else
            "held-out pass@1 after SFT")
@@ -536,9 +569,11 @@ def _reinforce(job: Job, loop_state: LoopState, train: Any
         saver=job, metrics=job.metrics,
         checkpoint_every=cfg.checkpoint.every_iterations,
         show_progress=cfg.log.progress,
-        eval_kind="eval" if job.validator is None else "val")
+        eval_kind="eval" if job.validator is None else "val",
+        benchmarks=job.benchmarks)
     final = dataclasses.asdict(job.evaluator(train.params))
     job.metrics.write(loop_state.iteration, "eval", final)
+    job.run_benchmarks(train.params, loop_state.iteration)
     final_val = job.validate(train.params, loop_state.iteration)
     log(f"final held-out pass@1 {final['pass_at_1']:.3f} (greedy "
         f"{final['greedy_accuracy']:.3f}); compilations: "

@@ -65,6 +65,9 @@ class RLConfig(AdamWConfig):
   pack_sequences: bool = True
   eval_every: int = 10
   eval_samples: int = 4
+  # Standard benchmarks ("NAME=FILE", docs/evaluation.md) sampled at every
+  # held-out evaluation; their pass@1 is logged as stage "benchmarks".
+  eval_benchmarks: tuple[str, ...] = ()
 
   def __post_init__(self):
     def bad(key, msg):
@@ -128,6 +131,10 @@ class RLConfig(AdamWConfig):
       bad("train_len_buckets", "must be strictly increasing")
     if self.eval_every < 0:
       bad("eval_every", "must be >= 0 (0 disables periodic evaluation)")
+    if (not isinstance(self.eval_benchmarks, (tuple, list)) or
+        not all(isinstance(b, str) and b for b in self.eval_benchmarks)):
+      bad("eval_benchmarks", f"must be a list of 'NAME=FILE' strings, got "
+          f"{self.eval_benchmarks!r}")
 
   @property
   def tis(self) -> bool:

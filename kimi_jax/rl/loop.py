@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -363,12 +363,13 @@ class RLLoop:
   def run(self, state: LoopState, train: ts.TrainState, *,
           evaluate: Callable[[object], EvalResult], saver: IterationSaver,
           metrics: MetricsWriter, checkpoint_every: int,
-          show_progress: bool, eval_kind: str = "eval"
+          show_progress: bool, eval_kind: str = "eval",
+          benchmarks: Callable[[object], Mapping[str, float]] | None = None
           ) -> tuple[LoopState, ts.TrainState]:
     """Iterations from `state.iteration` to `rl.iterations`, evaluating
     every `rl.eval_every` (logged as `eval_kind`: "val" when `evaluate`
-    reads the validation set), saving every `checkpoint_every` and at the
-    end."""
+    reads the validation set; `benchmarks(params)`, when given, logged as
+    "benchmarks"), saving every `checkpoint_every` and at the end."""
     rl = self.rl
     bar = progress(range(state.iteration, rl.iterations), rl.iterations,
                    "RL", show_progress, state.iteration)
@@ -378,6 +379,8 @@ class RLLoop:
       if rl.eval_every and it % rl.eval_every == 0 and it < rl.iterations:
         result = dataclasses.asdict(evaluate(train.params))
         metrics.write(it, eval_kind, result)
+        if benchmarks is not None:
+          metrics.write(it, "benchmarks", benchmarks(train.params))
         state = dataclasses.replace(state, last_eval=result)
       metrics.write(it, "rl", row)
       log(format_row(it, row))
