@@ -338,3 +338,34 @@ def test_a_runs_checkpoint_on_aime(tmp_path):
   assert not any(r["correct"] for r in scored if r["id"] == "2")
   assert report["pass_at_1"] == pytest.approx(
       sum(r["correct"] for r in scored) / 12)
+
+
+@pytest.mark.slow
+def test_the_sampler_runs_sharded_on_the_experiments_mesh(tmp_path):
+  """As on a pod slice: eight devices, the checkpoint's weights and the
+  sampler's slots split over the mesh that --override sets (slots over
+  data, weights over fsdp x tensor), give the responses of one device."""
+  sys.path.insert(0, os.path.join(ROOT, "tests"))
+  from hf_dirs import make_answering_qwen2_dir
+  hf_dir = make_answering_qwen2_dir(tmp_path / "hf")
+  math500 = write_jsonl(tmp_path / "math500.jsonl", MATH500)
+
+  def run(devices: int, *mesh: str) -> list[dict]:
+    out = tmp_path / f"out{devices}"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
+        f"--xla_force_host_platform_device_count={devices}"))
+    proc = subprocess.run(
+        [sys.executable, "launch/evaluate.py", f"--hf={hf_dir}",
+         f"--benchmark=math500={math500}", "--samples=8",
+         "--max_response_len=16", f"--out={out}", "--journal=",
+         *[f"--override=mesh.{m}" for m in mesh]],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(x) for x in
+            (out / "responses.jsonl").read_text().splitlines()]
+
+  one = run(1)
+  eight = run(8, "data=2", "fsdp=2", "tensor=2")
+  assert len(one) == len(eight) == 16
+  assert [r["response"] for r in eight] == [r["response"] for r in one]
+  assert [r["correct"] for r in eight] == [r["correct"] for r in one]
