@@ -122,6 +122,9 @@ def task_config() -> ml_collections.ConfigDict:
       min_steps=1,
       max_steps=8,
       eval_fraction=0.125,
+      # A validation split of the rest: RL's periodic evaluations read it;
+      # the held-out split is evaluated after the warm start and at the end.
+      val_fraction=0.125,
       # Fraction of warm-start examples that answer directly, without steps.
       direct_fraction=0.5,
       warmstart_fraction=0.25,

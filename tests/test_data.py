@@ -182,3 +182,20 @@ def test_data_config_check_names_the_key(tmp_path):
     _check(dict(jsonl, eval_path=str(tmp_path / "x")), 0, "")
   with pytest.raises(ValueError, match=r"config\.task\.train_path must be"):
     _check(dict(jsonl, train_path=""), 0, "")
+
+
+def test_validation_split_leaves_the_held_out_split_where_it_was():
+  base = pc.PointerChaseConfig()
+  with_val = pc.PointerChaseConfig(val_fraction=0.125)
+  train, held = pc.make_problems(with_val, seed=3)
+  assert (train, held) == pc.make_problems(base, seed=3)
+  rest, val = pc.split_validation(train, with_val, seed=3)
+  ids = lambda rs: {r["id"] for r in rs}
+  assert ids(rest) | ids(val) == ids(train)
+  assert not ids(rest) & ids(val) and not ids(val) & ids(held)
+  assert 0.09 < len(val) / len(train) < 0.16  # 0.125 of 700 pairs
+  # Every difficulty is validated; none of it is trained on.
+  assert {r["n"] for r in val} == set(range(1, 9))
+  assert pc.split_validation(train, base, seed=3) == (train, [])
+  with pytest.raises(ValueError, match="task.val_fraction"):
+    pc.PointerChaseConfig(val_fraction=1.0)

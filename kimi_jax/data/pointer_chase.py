@@ -50,6 +50,10 @@ class PointerChaseConfig:
   max_steps: int = 8
   # Share of (x, n) pairs held out for evaluation.
   eval_fraction: float = 0.125
+  # Share of the other pairs kept apart as a validation split: RL's
+  # periodic evaluations read it, so settings are chosen without looking
+  # at the held-out pairs, which are evaluated at the end (0: none).
+  val_fraction: float = 0.0
   # Fraction of warm-start examples that answer directly, without steps.
   direct_fraction: float = 0.5
   # Share of train problems the warm start sees. RL sees them all, so most
@@ -97,6 +101,9 @@ class PointerChaseConfig:
     if not 0.0 < self.eval_fraction < 1.0:
       raise ValueError(f"task.eval_fraction must be in (0, 1), got "
                        f"{self.eval_fraction}")
+    if not 0.0 <= self.val_fraction < 1.0:
+      raise ValueError(f"task.val_fraction must be in [0, 1), got "
+                       f"{self.val_fraction}")
     if not 0.0 < self.warmstart_fraction <= 1.0:
       raise ValueError(f"task.warmstart_fraction must be in (0, 1], got "
                        f"{self.warmstart_fraction}")
@@ -168,8 +175,9 @@ def chain(perm: np.ndarray, x: int, n: int) -> list[int]:
   return out
 
 
-def _held_out(x: int, n: int, seed: int, fraction: float) -> bool:
-  h = hashlib.sha256(f"{seed}:{x}:{n}".encode()).digest()
+def _held_out(x: int, n: int, seed: int, fraction: float,
+              salt: str = "") -> bool:
+  h = hashlib.sha256(f"{salt}{seed}:{x}:{n}".encode()).digest()
   return int.from_bytes(h[:8], "little") / 2**64 < fraction
 
 
@@ -185,6 +193,17 @@ def make_problems(cfg: PointerChaseConfig, seed: int
              "x": x, "n": n}
       (held if _held_out(x, n, seed, cfg.eval_fraction) else train).append(rec)
   return train, held
+
+
+def split_validation(train: Sequence[dict], cfg: PointerChaseConfig,
+                     seed: int) -> tuple[list[dict], list[dict]]:
+  """`make_problems`' train records as (train, validation): a
+  `val_fraction` share, drawn by its own hash, so the held-out split does
+  not move."""
+  val = [r for r in train
+         if _held_out(r["x"], r["n"], seed, cfg.val_fraction, "val:")]
+  ids = {r["id"] for r in val}
+  return [r for r in train if r["id"] not in ids], val
 
 
 def cot_solution(record: Mapping[str, Any], perm: np.ndarray,

@@ -161,8 +161,10 @@ def _with_image(record: dict, cfg: pointer_chase.PointerChaseConfig,
 def _pointer_chase_task(cfg: pointer_chase.PointerChaseConfig, seed: int,
                         warmstart_size: int) -> Task:
   train, held = pointer_chase.make_problems(cfg, seed)
+  train, val = pointer_chase.split_validation(train, cfg, seed)
   train = [_with_image(r, cfg, seed) for r in train]
   held = [_with_image(r, cfg, seed) for r in held]
+  val = [_with_image(r, cfg, seed) for r in val]
   tok = pointer_chase.tokenizer(cfg.cot_style, images=cfg.image_fraction > 0)
 
   def encode_prompt(r: Mapping[str, Any]) -> list[int]:
@@ -173,7 +175,7 @@ def _pointer_chase_task(cfg: pointer_chase.PointerChaseConfig, seed: int,
         cfg.image_tokens
 
   return Task(
-      name=cfg.name, train=train, eval=held,
+      name=cfg.name, train=train, eval=held, val=val,
       reward=pointer_chase.PointerChaseReward(), tokenizer=tok,
       encode_prompt=encode_prompt,
       warmstart=lambda s: pointer_chase.warmstart_texts(
