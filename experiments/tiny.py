@@ -47,7 +47,8 @@ def sharding_config() -> ml_collections.ConfigDict:
       ("act_length", "context"), ("embed", ("fsdp", "context")),
       ("act_embed", None), ("mlp", "tensor"), ("heads", "tensor"),
       ("kv_heads", "tensor"), ("head_dim", None), ("vocab", "tensor"),
-      ("layers", None), ("norm", None))))
+      ("layers", None), ("norm", None), ("experts", "expert"),
+      ("expert_mlp", "tensor"))))
 
 
 def prompt_sampling_config() -> ml_collections.ConfigDict:

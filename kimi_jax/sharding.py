@@ -2,15 +2,18 @@
 
 Every parameter and the main activations are named with a small logical-axis
 vocabulary (batch, length, act_length, embed, act_embed, mlp, heads, kv_heads,
-head_dim, vocab, layers, norm). A short rule list maps each logical name to
-mesh axes (`data`, `fsdp`, `context`, `tensor`).
+head_dim, vocab, layers, norm, experts, expert_mlp). A short rule list maps
+each logical name to mesh axes (`data`, `fsdp`, `context`, `tensor`,
+`expert`).
 
 `context` splits the sequence of activations (`act_length`) for the longest
 rows: context parallelism (kimi_jax/model/attention.py gathers keys and
 values along it). Parameters are sharded over it like over `fsdp`, so its
 chips add memory for the weights too. `length` (the sampler's cache) is
-never split. Parameters whose shape does not divide as the rules
-say raise `ShardingError` naming the parameter: nothing is silently
+never split. `expert` splits a mixture-of-experts model's experts (the E
+of its E x D x F expert weights; kimi_jax/model/moe.py): expert
+parallelism, which like `tensor` leaves the batch whole along it. Parameters
+whose shape does not divide as the rules say raise `ShardingError` naming the parameter: nothing is silently
 replicated.
 """
 
@@ -24,7 +27,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "context", "tensor")
+MESH_AXES = ("data", "fsdp", "context", "tensor", "expert")
 
 # (logical name, mesh axes or None). Activations use `batch`/`act_length`;
 # the activation embedding dimension is never sharded (fsdp already splits
@@ -42,6 +45,8 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("vocab", "tensor"),
     ("layers", None),
     ("norm", None),
+    ("experts", "expert"),
+    ("expert_mlp", "tensor"),
 )
 
 
@@ -57,6 +62,7 @@ class MeshConfig:
   fsdp: int = 1
   context: int = 1
   tensor: int = 1
+  expert: int = 1
 
   def resolve(self, n_devices: int) -> dict[str, int]:
     sizes = {a: getattr(self, a) for a in MESH_AXES}
@@ -80,8 +86,8 @@ class MeshConfig:
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None
               ) -> Mesh:
-  """Builds a (data, fsdp, context, tensor) mesh over `devices` (default:
-  all)."""
+  """Builds a (data, fsdp, context, tensor, expert) mesh over `devices`
+  (default: all)."""
   devices = list(jax.devices() if devices is None else devices)
   sizes = cfg.resolve(len(devices))
   shape = tuple(sizes[a] for a in MESH_AXES)

@@ -34,6 +34,10 @@ class TokenRows:
   # A vision model's rows: each row's images in `vision.max_images` slots
   # (kimi_jax/vision/merge.py). None for text rows.
   images: RowImages | None = None
+  # An MoE model's routing replay (kimi_jax/model/moe.py): the experts each
+  # input token went to in the sampler, per MoE layer (int32; Lm x K per
+  # token). None: the trainer routes on its own.
+  experts_RxTxLxK: np.ndarray | None = None
 
   @property
   def shape(self) -> tuple[int, int]:

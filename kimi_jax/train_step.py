@@ -291,8 +291,12 @@ def cross_entropy_loss(params, rows: TokenRows, *, cfg: ModelConfig,
   """Masked next-token cross-entropy: sum(mask * -log p(target)) / sum(mask)
   over packed rows (`TokenRows`); log-probs in chunks of the sequence
   (`kimi_jax.model.logprobs`), never the whole R x T x V logits."""
-  logp_RxT = logprobs.rows_logprobs(params, rows, cfg=cfg, sharder=sharder)
+  logp_RxT, trace = logprobs.traced_rows_logprobs(params, rows, cfg=cfg,
+                                                  sharder=sharder)
   mask_RxT = rows.mask_RxT.astype(jnp.float32)
   n_tokens = jnp.maximum(mask_RxT.sum(), 1.0)
   loss = -(logp_RxT * mask_RxT).sum() / n_tokens
-  return loss, {"tokens": mask_RxT.sum()}
+  aux, aux_metrics = logprobs.router_aux_loss(trace, cfg)
+  if aux_metrics:
+    loss = loss + aux
+  return loss, {"tokens": mask_RxT.sum(), **aux_metrics}

@@ -344,6 +344,18 @@ TINY_FAMILIES = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
                          "factor": 4.0, "beta_fast": 8.0, "beta_slow": 2.0,
                          "original_max_position_embeddings": 64})),
+    # Mixture of experts: every layer sparse, top-2 of 8 renormalised; and
+    # a mix (layer 0 dense by mlp_only_layers, top-3 of 6 unnormalised).
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        head_dim=24, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True,
+        max_position_embeddings=128,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000.0})),
+    "qwen3_moe_mixed": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        num_experts=6, num_experts_per_tok=3, moe_intermediate_size=24,
+        norm_topk_prob=False, mlp_only_layers=[0],
+        max_position_embeddings=128,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
         query_pre_attn_scalar=24, sliding_window=TINY_WINDOW,
         layer_types=["sliding_attention", "full_attention",

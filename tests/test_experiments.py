@@ -149,7 +149,7 @@ def test_qwen2_5_7b_128k_uses_context_parallelism():
   assert config.mesh.context > 1
   # 128 chips (v5p:4x4x8): data takes what fsdp x context x tensor leave.
   mesh = to_dataclass(MeshConfig, config.mesh, "mesh").resolve(128)
-  assert mesh == dict(data=1, fsdp=8, context=4, tensor=4)
+  assert mesh == dict(data=1, fsdp=8, context=4, tensor=4, expert=1)
 
 
 def test_qwen3_8b_128k_uses_yarn_and_context_parallelism():
@@ -162,7 +162,7 @@ def test_qwen3_8b_128k_uses_yarn_and_context_parallelism():
               "yarn", 4.0, 32768)
   assert cfg.rope_scaling.factor * 32768 == cfg.max_seq_len
   mesh = to_dataclass(MeshConfig, config.mesh, "mesh").resolve(128)
-  assert mesh == dict(data=1, fsdp=8, context=4, tensor=4)
+  assert mesh == dict(data=1, fsdp=8, context=4, tensor=4, expert=1)
   assert config.task.thinking == "on"
 
 

@@ -98,6 +98,12 @@ def test_forward_matches_transformers(name, family):
                   "yarn", 4.0, 32)),
               "qwen3_yarn": dict(qk_norm=True, rope_scaling=rope.RopeScaling(
                   "yarn", 4.0, 64, beta_fast=8.0, beta_slow=2.0)),
+              "qwen3_moe": dict(qk_norm=True, n_experts=8,
+                                n_experts_per_token=2, expert_mlp_dim=32,
+                                norm_topk_prob=True, dense_layers=()),
+              "qwen3_moe_mixed": dict(n_experts=6, n_experts_per_token=3,
+                                      norm_topk_prob=False,
+                                      dense_layers=(0,)),
               "gemma3": dict(
                   norm_offset=1.0, post_norms=True, embed_scale=True,
                   mlp_activation="gelu_tanh", query_pre_attn_scalar=24.0,

@@ -53,8 +53,9 @@ GB = 1e9  # decimal gigabytes, as TPU HBM sizes are quoted
 
 
 def abstract_mesh(sizes: Mapping[str, int]) -> AbstractMesh:
-  """A mesh of the given sizes (`context` defaults to 1), without devices."""
-  sizes = {"context": 1} | dict(sizes)
+  """A mesh of the given sizes (`context` and `expert` default to 1),
+  without devices."""
+  sizes = {"context": 1, "expert": 1} | dict(sizes)
   missing = [a for a in MESH_AXES if a not in sizes]
   if missing or any(sizes[a] < 1 for a in MESH_AXES):
     raise ValueError(f"mesh sizes must give a positive size to each of "

@@ -95,6 +95,20 @@ class ModelConfig(NamedDtypes):
   layer_types: tuple[str, ...] | None = None
   sliding_window: int | None = None
   sliding_rope_theta: float | None = None
+  # Mixture of experts (Qwen3-MoE; kimi_jax/model/moe.py). n_experts > 0
+  # replaces the MLP of every layer not in `dense_layers` by
+  # n_experts SwiGLU experts of width expert_mlp_dim, of which a router
+  # picks n_experts_per_token per token (softmax over experts, top-k, the
+  # k weights renormalised to sum 1 with norm_topk_prob). dense_layers keep
+  # the dense MLP of width mlp_dim. 0: a dense model.
+  n_experts: int = 0
+  n_experts_per_token: int = 0
+  expert_mlp_dim: int = 0
+  norm_topk_prob: bool = False
+  dense_layers: tuple[int, ...] = ()
+  # Weight of the load-balancing (Switch) loss added to a training loss of
+  # an MoE model (a run setting; 0: none, RL's default).
+  router_aux_loss_coef: float = 0.0
 
   def __post_init__(self):
     if self.rope_scaling is not None and not isinstance(self.rope_scaling,
@@ -104,7 +118,11 @@ class ModelConfig(NamedDtypes):
     if self.layer_types is not None and not isinstance(self.layer_types,
                                                        tuple):
       object.__setattr__(self, "layer_types", tuple(self.layer_types))
+    if not isinstance(self.dense_layers, tuple):
+      object.__setattr__(self, "dense_layers",
+                         tuple(int(i) for i in self.dense_layers))
     self._check_family_fields()
+    self._check_experts()
     if self.vision is not None and not isinstance(self.vision, VisionConfig):
       section = dict(self.vision.items())
       section.setdefault("lm_d_model", self.d_model)
@@ -164,6 +182,48 @@ class ModelConfig(NamedDtypes):
       raise ValueError(f"model.layer_types has {SLIDING!r} layers but "
                        f"model.sliding_window is None")
 
+  def _check_experts(self) -> None:
+    if self.router_aux_loss_coef < 0:
+      raise ValueError(f"model.router_aux_loss_coef must be >= 0, got "
+                       f"{self.router_aux_loss_coef}")
+    if self.n_experts < 0:
+      raise ValueError(f"model.n_experts must be >= 0, got {self.n_experts}")
+    if not self.n_experts:
+      if self.dense_layers:
+        raise ValueError("model.dense_layers is set but model.n_experts is "
+                         "0 (every layer is dense)")
+      return
+    if not 1 <= self.n_experts_per_token <= self.n_experts:
+      raise ValueError(f"model.n_experts_per_token must be in [1, "
+                       f"model.n_experts={self.n_experts}], got "
+                       f"{self.n_experts_per_token}")
+    if self.expert_mlp_dim <= 0:
+      raise ValueError(f"model.expert_mlp_dim must be positive with "
+                       f"experts, got {self.expert_mlp_dim}")
+    if self.mlp_activation != "silu":
+      raise ValueError("model.n_experts > 0 needs mlp_activation='silu' "
+                       "(SwiGLU experts)")
+    if self.windowed:
+      raise ValueError("model.n_experts > 0 with sliding-window layers is "
+                       "not implemented")
+    layers = self.dense_layers
+    if (list(layers) != sorted(set(layers)) or
+        any(not 0 <= i < self.n_layers for i in layers)):
+      raise ValueError(f"model.dense_layers must be distinct increasing "
+                       f"layer indices below n_layers={self.n_layers}, got "
+                       f"{layers}")
+
+  @property
+  def sparse_kinds(self) -> tuple[bool, ...]:
+    """Whether each layer's MLP is a mixture of experts."""
+    return tuple(bool(self.n_experts) and i not in self.dense_layers
+                 for i in range(self.n_layers))
+
+  @property
+  def moe_layers(self) -> tuple[int, ...]:
+    """Indices of the mixture-of-experts layers."""
+    return tuple(i for i, s in enumerate(self.sparse_kinds) if s)
+
   @property
   def layer_kinds(self) -> tuple[str, ...]:
     """The attention kind of every layer (FULL or SLIDING)."""
@@ -193,9 +253,14 @@ def count_params(cfg: ModelConfig) -> int:
     attn += h * hd + 2 * k * hd
   if cfg.qk_norm:
     attn += 2 * hd
-  per_layer = attn + 3 * d * f + (4 if cfg.post_norms else 2) * d
+  per_layer = attn + (4 if cfg.post_norms else 2) * d
+  n_moe = len(cfg.moe_layers)
+  experts = n_moe * (d * cfg.n_experts +
+                     3 * cfg.n_experts * d * cfg.expert_mlp_dim)
+  mlp = (cfg.n_layers - n_moe) * 3 * d * f
   embed = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
-  return cfg.n_layers * per_layer + embed + d + count_vision_params(cfg)
+  return (cfg.n_layers * per_layer + mlp + experts + embed + d +
+          count_vision_params(cfg))
 
 
 def count_vision_params(cfg: ModelConfig) -> int:

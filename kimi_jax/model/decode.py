@@ -52,7 +52,7 @@ import math
 from kimi_jax.model import attention
 from kimi_jax.model.config import SLIDING, ModelConfig
 from kimi_jax.model.transformer import (KVCache, _attn_scale, _embed_tokens,
-                                        _norm, _qkv, _residual_and_mlp,
+                                        _norm, _qkv, _residual_and_ffn,
                                         _stack_or, unembed)
 from kimi_jax.sharding import Sharder, constrain
 
@@ -304,10 +304,12 @@ def on_tpu(sharder: Sharder | None) -> bool:
 
 def _decode_layer(x_Bx1xD, lp: Params, positions_Bx1, k, vt,
                   cfg: ModelConfig, sharder: Sharder | None, sliding: bool,
-                  view_len: int | None, pages_BxV, kernel: str):
+                  view_len: int | None, pages_BxV, kernel: str,
+                  sparse: bool = False):
   """`transformer._layer` for one new token per slot, writing it into the
   layer's cache first (a sliding layer's ring at position mod its length)
-  and attending to what the slot holds up to and including it."""
+  and attending to what the slot holds up to and including it. Also
+  returns the MoE layer's trace (None for a dense model)."""
   q, k_new, v_new = _qkv(x_Bx1xD, lp, positions_Bx1, cfg, sharder, sliding)
   pos_B = positions_Bx1[:, 0]
   if pages_BxV is not None and not sliding:
@@ -320,7 +322,8 @@ def _decode_layer(x_Bx1xD, lp: Params, positions_Bx1, k, vt,
     k, vt = _write_rows(k, vt, k_new[:, 0], v_new[:, 0], at_B)
     attn = _attend_upto(q, *_rows_view(k, vt, None if sliding else view_len),
                         pos_B, cfg, sharder)
-  return _residual_and_mlp(x_Bx1xD, attn, lp, cfg, sharder), k, vt
+  x_Bx1xD, trace = _residual_and_ffn(x_Bx1xD, attn, lp, cfg, sharder, sparse)
+  return x_Bx1xD, k, vt, trace
 
 
 def decode_step(params: DecodeParams, tokens_B: jax.Array,
@@ -329,7 +332,22 @@ def decode_step(params: DecodeParams, tokens_B: jax.Array,
                 view_len: int | None = None,
                 pages_BxV: jax.Array | None = None, kernel: str = "xla"
                 ) -> tuple[jax.Array, DecodeCache]:
-  """Logits of one new token per slot, and the cache with it written.
+  """`traced_decode_step` without the experts."""
+  logits, cache, _ = traced_decode_step(
+      params, tokens_B, lengths_B, cache, cfg=cfg, sharder=sharder,
+      view_len=view_len, pages_BxV=pages_BxV, kernel=kernel)
+  return logits, cache
+
+
+def traced_decode_step(params: DecodeParams, tokens_B: jax.Array,
+                       lengths_B: jax.Array, cache: DecodeCache, *,
+                       cfg: ModelConfig, sharder: Sharder | None = None,
+                       view_len: int | None = None,
+                       pages_BxV: jax.Array | None = None,
+                       kernel: str = "xla"
+                       ) -> tuple[jax.Array, DecodeCache, jax.Array | None]:
+  """Logits of one new token per slot, the cache with it written, and an
+  MoE model's choice of experts for the token (B x Lm x K; None dense).
 
   params: `to_decode_params(params)`. Slot b's token goes to position
   lengths_B[b] and attends to positions 0..lengths_B[b]; the caller advances
@@ -348,17 +366,22 @@ def decode_step(params: DecodeParams, tokens_B: jax.Array,
   caches = {False: iter(zip(cache.k, cache.vt)),
             True: iter(zip(cache.local_k or (), cache.local_vt or ()))}
   out = {False: ([], []), True: ([], [])}
-  for lp, kind in zip(layers, cfg.layer_kinds):
+  experts = []
+  for lp, kind, sparse in zip(layers, cfg.layer_kinds, cfg.sparse_kinds):
     sliding = kind == SLIDING
     k, vt = next(caches[sliding])
-    x, k, vt = _decode_layer(x, lp, positions_Bx1, k, vt, cfg, sharder,
-                             sliding, view_len, pages_BxV, kernel)
+    x, k, vt, trace = _decode_layer(x, lp, positions_Bx1, k, vt, cfg,
+                                    sharder, sliding, view_len, pages_BxV,
+                                    kernel, sparse)
     out[sliding][0].append(k)
     out[sliding][1].append(vt)
+    if sparse:
+      experts.append(trace.experts_BxTxK[:, 0])
   x = _norm(x, params["final_norm"], cfg)
   if cache.local_k is None:
     new_cache = DecodeCache(k=out[False][0], vt=out[False][1])
   else:
     new_cache = DecodeCache(k=out[False][0], vt=out[False][1],
                             local_k=out[True][0], local_vt=out[True][1])
-  return unembed(params, x, cfg=cfg, sharder=sharder), new_cache
+  experts_BxLxK = jnp.stack(experts, axis=1) if experts else None
+  return unembed(params, x, cfg=cfg, sharder=sharder), new_cache, experts_BxLxK

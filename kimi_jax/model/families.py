@@ -31,6 +31,7 @@ class HFCheckpointError(ValueError):
 QWEN2 = "Qwen2ForCausalLM"
 LLAMA = "LlamaForCausalLM"
 QWEN3 = "Qwen3ForCausalLM"
+QWEN3_MOE = "Qwen3MoeForCausalLM"
 GEMMA3 = "Gemma3ForCausalLM"
 
 # Layer params every family has, with their HF names under
@@ -53,6 +54,13 @@ _MLP = (
 _QK_NORM = (
     ("q_norm", "self_attn.q_norm.weight"),
     ("k_norm", "self_attn.k_norm.weight"),
+)
+# Mixture-of-experts layers (kimi_jax/model/moe.py); {j} is the expert.
+_EXPERTS = (
+    ("router", "mlp.gate.weight"),
+    ("expert_gate", "mlp.experts.{j}.gate_proj.weight"),
+    ("expert_up", "mlp.experts.{j}.up_proj.weight"),
+    ("expert_down", "mlp.experts.{j}.down_proj.weight"),
 )
 _LLAMA_NORMS = (("mlp_norm", "post_attention_layernorm.weight"),)
 # Gemma's post_attention_layernorm norms the attention output; the MLP's
@@ -241,6 +249,44 @@ def _read_qwen3(hf, source, max_positions):
   return {"qk_norm": True, **_one_rope(hf, max_positions, source)}
 
 
+def _read_qwen3_moe(hf, source, max_positions):
+  _no_sliding(hf, source, QWEN3_MOE)
+  _no_attention_bias(hf, source, QWEN3_MOE)
+  n_layers = int(hf["num_hidden_layers"])
+  # transformers 5 writes num_experts as num_local_experts.
+  n_experts = int(hf.get("num_experts", hf.get("num_local_experts", 0)) or 0)
+  step = int(hf.get("decoder_sparse_step", 1) or 1)
+  only_mlp = {int(i) for i in hf.get("mlp_only_layers") or ()}
+  bad = sorted(i for i in only_mlp if not 0 <= i < n_layers)
+  if bad:
+    raise HFCheckpointError(f"{source}: mlp_only_layers {bad} are not layer "
+                            f"indices below num_hidden_layers={n_layers}")
+  out = {"qk_norm": True, **_one_rope(hf, max_positions, source)}
+  if not n_experts:
+    return out
+  # As transformers builds the layers: sparse unless listed in
+  # mlp_only_layers or skipped by decoder_sparse_step.
+  dense = tuple(i for i in range(n_layers)
+                if i in only_mlp or (i + 1) % step)
+  for key in ("num_experts_per_tok", "moe_intermediate_size"):
+    if hf.get(key) is None:
+      raise HFCheckpointError(f"{source}: missing required key {key!r}")
+  return dict(out, n_experts=n_experts,
+              n_experts_per_token=int(hf["num_experts_per_tok"]),
+              expert_mlp_dim=int(hf["moe_intermediate_size"]),
+              norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+              dense_layers=dense)
+
+
+def _write_qwen3_moe(cfg):
+  return dict(_write_qwen3(cfg), num_experts=cfg.n_experts,
+              num_experts_per_tok=cfg.n_experts_per_token,
+              moe_intermediate_size=cfg.expert_mlp_dim,
+              norm_topk_prob=cfg.norm_topk_prob,
+              mlp_only_layers=list(cfg.dense_layers), decoder_sparse_step=1,
+              output_router_logits=False)
+
+
 def _write_llama(cfg):
   return {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
           **_write_one_rope(cfg)}
@@ -364,6 +410,10 @@ FAMILIES: dict[str, Family] = {f.architecture: f for f in (
     Family(QWEN3, "qwen3", 32768, 128, False, "hidden_act",
            {"silu": "silu"}, _ATTENTION + _QK_NORM + _LLAMA_NORMS + _MLP,
            _read_qwen3, _write_qwen3),
+    Family(QWEN3_MOE, "qwen3_moe", 32768, 128, False, "hidden_act",
+           {"silu": "silu"},
+           _ATTENTION + _QK_NORM + _LLAMA_NORMS + _MLP + _EXPERTS,
+           _read_qwen3_moe, _write_qwen3_moe),
     Family(GEMMA3, "gemma3_text", 131_072, 256, True, "hidden_activation",
            {"gelu_pytorch_tanh": "gelu_tanh"},
            _ATTENTION + _QK_NORM + _GEMMA_NORMS + _MLP,
@@ -373,6 +423,8 @@ FAMILIES: dict[str, Family] = {f.architecture: f for f in (
 
 def default_architecture(cfg: ModelConfig) -> str:
   """The family a ModelConfig looks like (export's default)."""
+  if cfg.n_experts:
+    return QWEN3_MOE
   if cfg.norm_offset or cfg.post_norms or cfg.embed_scale or cfg.windowed:
     return GEMMA3
   if cfg.qk_norm:
@@ -387,7 +439,9 @@ ARCHITECTURE_FIELDS = (
     "mlp_dim", "rope_theta", "norm_eps", "tie_embeddings", "qkv_bias",
     "qk_norm", "norm_offset", "post_norms", "mlp_activation", "embed_scale",
     "query_pre_attn_scalar", "final_logit_softcap", "rope_scaling",
-    "layer_types", "sliding_window", "sliding_rope_theta")
+    "layer_types", "sliding_window", "sliding_rope_theta", "n_experts",
+    "n_experts_per_token", "expert_mlp_dim", "norm_topk_prob",
+    "dense_layers")
 
 
 def architecture_of(cfg: ModelConfig) -> dict[str, Any]:

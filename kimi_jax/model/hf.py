@@ -8,8 +8,10 @@ peaks around the local shards of one parameter plus one layer's tensor.
 
 Supported (kimi_jax/model/families.py): `LlamaForCausalLM`,
 `Qwen2ForCausalLM` (q/k/v biases) and `Qwen3ForCausalLM` (q/k norms), each
-with default, linear, llama3 or yarn rotary scaling, and `Gemma3ForCausalLM`
-(interleaved sliding-window layers, Gemma norms, GeGLU).
+with default, linear, llama3 or yarn rotary scaling, `Qwen3MoeForCausalLM`
+(mixture-of-experts layers, one tensor per expert as the Hub stores them)
+and `Gemma3ForCausalLM` (interleaved sliding-window layers, Gemma norms,
+GeGLU).
 `model_config_from_hf` / `merge_model_config` give a run its model section
 from a checkpoint; `export_hf_directory` writes a complete HF directory
 (weights, tokenizer, chat template, generation config).
@@ -33,9 +35,11 @@ from safetensors.numpy import save_file
 
 from kimi_jax.model.config import ModelConfig
 # The architecture names and the error type are part of this module's API.
+from kimi_jax.model import moe
 from kimi_jax.model.families import (FAMILIES, GEMMA3, LLAMA, QWEN2,  # noqa
-                                     QWEN3, Family, HFCheckpointError,
-                                     architecture_of, default_architecture)
+                                     QWEN3, QWEN3_MOE, Family,
+                                     HFCheckpointError, architecture_of,
+                                     default_architecture)
 from kimi_jax.model.tokenizer import load_hf_tokenizer
 from kimi_jax.model.transformer import Params, param_shapes, param_shardings
 from kimi_jax.sharding import Sharder
@@ -147,7 +151,8 @@ def read_config_json(path: str, expected: str) -> dict[str, Any]:
 
 # Fields the run chooses (precision, memory, sequence length); every other
 # ModelConfig field is architecture and comes from the checkpoint.
-RUN_SETTINGS = ("param_dtype", "compute_dtype", "remat", "max_seq_len")
+RUN_SETTINGS = ("param_dtype", "compute_dtype", "remat", "max_seq_len",
+                "router_aux_loss_coef")
 # Where each architecture field lives in config.json, for error messages.
 _HF_KEYS = {
     "vocab_size": "vocab_size", "d_model": "hidden_size",
@@ -163,6 +168,9 @@ _HF_KEYS = {
     "rope_scaling": "rope_parameters", "layer_types": "layer_types",
     "sliding_window": "sliding_window",
     "sliding_rope_theta": "rope_local_base_freq",
+    "n_experts": "num_experts", "n_experts_per_token": "num_experts_per_tok",
+    "expert_mlp_dim": "moe_intermediate_size",
+    "norm_topk_prob": "norm_topk_prob", "dense_layers": "mlp_only_layers",
 }
 
 
@@ -277,7 +285,8 @@ _SAME, _FLAT, _LINEAR = _Layout("same"), _Layout("flat"), _Layout("linear")
 _LAYER_LAYOUTS = {
     "wq": _LINEAR, "wk": _LINEAR, "wv": _LINEAR, "bq": _FLAT, "bk": _FLAT,
     "bv": _FLAT, "wo": _Layout("linear", n_in=2), "w_gate": _LINEAR,
-    "w_up": _LINEAR, "w_down": _LINEAR,
+    "w_up": _LINEAR, "w_down": _LINEAR, "router": _LINEAR,
+    "expert_gate": _LINEAR, "expert_up": _LINEAR, "expert_down": _LINEAR,
 }
 _TOP_TENSORS = (
     ("embed", "model.embed_tokens.weight", _SAME),
@@ -290,11 +299,16 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 @dataclasses.dataclass(frozen=True)
 class _Entry:
-  """One of our params: its path, per-layer shape and HF tensor names."""
+  """One of our params: its path, per-layer shape and HF tensor names.
+
+  hf_names: one per layer (or a single name). A layer's entry may be None
+  (that layer does not use the param: zeros, nothing stored) or a tuple
+  of names, one per expert, stacked along the slice's leading axis.
+  """
 
   path: tuple[str, ...]
   shape: tuple[int, ...]          # full (stacked) shape
-  hf_names: tuple[str, ...]       # one per layer, or a single name
+  hf_names: tuple[Any, ...]
   layout: _Layout
 
   @property
@@ -304,6 +318,30 @@ class _Entry:
   @property
   def slice_shape(self) -> tuple[int, ...]:
     return self.shape[1:] if self.stacked else self.shape
+
+  def tensors(self) -> Iterator[tuple[int, int | None, str]]:
+    """(layer, expert or None, HF name) of every stored tensor."""
+    for i, names in enumerate(self.hf_names):
+      if isinstance(names, tuple):
+        yield from ((i, j, n) for j, n in enumerate(names))
+      elif names is not None:
+        yield i, None, names
+
+  def tensor_shape(self, expert: int | None) -> tuple[int, ...]:
+    """Our shape of one stored tensor (one expert's without the E axis)."""
+    return self.slice_shape[1:] if expert is not None else self.slice_shape
+
+  def read(self, reader: "_Reader", names: Any, dtype) -> np.ndarray:
+    """Our slice of one layer (or the whole unstacked param)."""
+    if names is None:
+      return np.zeros(self.slice_shape, dtype)
+    if isinstance(names, tuple):
+      one = self.slice_shape[1:]
+      return np.stack([self.layout.to_ours(
+          reader.read(n, self.layout.hf_shape(one)), one) for n in names])
+    return self.layout.to_ours(
+        reader.read(names, self.layout.hf_shape(self.slice_shape)),
+        self.slice_shape)
 
 
 def _entries(cfg: ModelConfig, family: Family) -> list[_Entry]:
@@ -317,13 +355,25 @@ def _entries(cfg: ModelConfig, family: Family) -> list[_Entry]:
                             f"layer params {unnamed}")
   for ours, hf in family.layer_tensors:
     if ours in shapes["layers"]:
-      names = tuple(f"model.layers.{i}.{hf}" for i in range(cfg.n_layers))
+      names = tuple(_layer_names(cfg, ours, hf, i)
+                    for i in range(cfg.n_layers))
       out.append(_Entry(("layers", ours), shapes["layers"][ours], names,
                         _LAYER_LAYOUTS.get(ours, _SAME)))
   for ours, hf, layout in _TOP_TENSORS:
     if ours in shapes:
       out.append(_Entry((ours,), shapes[ours], (hf,), layout))
   return out
+
+
+def _layer_names(cfg: ModelConfig, ours: str, hf: str, layer: int) -> Any:
+  """Layer `layer`'s HF name(s) of param `ours`: None where the layer does
+  not use it, one per expert where `hf` names an expert ({j})."""
+  if not moe.layer_uses(cfg, ours, layer):
+    return None
+  name = f"model.layers.{layer}.{hf}"
+  if "{j}" in hf:
+    return tuple(name.format(j=j) for j in range(cfg.n_experts))
+  return name
 
 
 def set_path(tree: dict, path: tuple[str, ...], value: Any) -> None:
@@ -391,7 +441,7 @@ class _Reader:
 
 def _check_names(entries: list[_Entry], files: Mapping[str, str], path: str,
                  tied: bool) -> None:
-  expected = {n for e in entries for n in e.hf_names}
+  expected = {n for e in entries for _, _, n in e.tensors()}
   missing = sorted(expected - set(files))
   if missing:
     raise HFCheckpointError(
@@ -428,10 +478,8 @@ def _read_sharded(entry: _Entry, reader: _Reader, dtype: np.dtype,
   bounds = {d: _bounds(idx, entry.shape) for d, idx in index_map.items()}
   buffers = {b: np.empty([hi - lo for lo, hi in b], dtype)
              for b in set(bounds.values())}
-  hf_shape = entry.layout.hf_shape(entry.slice_shape)
-  for i, name in enumerate(entry.hf_names):
-    part = entry.layout.to_ours(reader.read(name, hf_shape),
-                                entry.slice_shape)
+  for i, names in enumerate(entry.hf_names):
+    part = entry.read(reader, names, dtype)
     for b, buf in buffers.items():
       if not entry.stacked:
         buf[...] = part[_slices(b)]
@@ -557,11 +605,9 @@ def _hf_tensors(params: Params, entries: list[_Entry]
   """(HF name, array) in order, gathering one param at a time."""
   for entry in entries:
     host = to_host(get_path(params, entry.path))
-    if entry.stacked:
-      for i, name in enumerate(entry.hf_names):
-        yield name, entry.layout.to_hf(host[i])
-    else:
-      yield entry.hf_names[0], entry.layout.to_hf(host)
+    for i, j, name in entry.tensors():
+      part = host[i] if entry.stacked else host
+      yield name, entry.layout.to_hf(part if j is None else part[j])
     del host
 
 
@@ -581,9 +627,9 @@ def export_hf_checkpoint(params: Params, cfg: ModelConfig, path: str, *,
   _check_params(params, entries)
   items = []
   for e in entries:
-    nbytes = math.prod(e.slice_shape) * np.dtype(
-        get_path(params, e.path).dtype).itemsize
-    items.extend((n, nbytes) for n in e.hf_names)
+    itemsize = np.dtype(get_path(params, e.path).dtype).itemsize
+    items.extend((n, math.prod(e.tensor_shape(j)) * itemsize)
+                 for _, j, n in e.tensors())
   groups = _plan_files(items, max_shard_bytes)
   if jax.process_index() != 0:
     # Other hosts take part in the gathers only.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kimi_jax.model import transformer
+from kimi_jax.model import moe, transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sharding import Sharder, constrain
 from kimi_jax.token_rows import TokenRows
@@ -38,10 +38,35 @@ def _context_shards(sharder: Sharder | None, T: int) -> int:
 
 def rows_logprobs(params, rows: TokenRows, *, cfg: ModelConfig,
                   sharder: Sharder | None = None) -> jax.Array:
-  """`token_logprobs` of packed `TokenRows` (their images included)."""
-  return token_logprobs(params, rows.tokens_RxT, rows.positions_RxT,
-                        rows.segment_ids_RxT, rows.targets_RxT, cfg=cfg,
-                        sharder=sharder, images=rows.images)
+  """`token_logprobs` of packed `TokenRows` (their images and replayed
+  experts included)."""
+  return traced_rows_logprobs(params, rows, cfg=cfg, sharder=sharder)[0]
+
+
+def traced_rows_logprobs(params, rows: TokenRows, *, cfg: ModelConfig,
+                         sharder: Sharder | None = None
+                         ) -> tuple[jax.Array, moe.Trace | None]:
+  """`rows_logprobs` and an MoE model's trace (`moe.Trace` stacked over
+  its MoE layers; None for a dense model). Rows carrying
+  `experts_RxTxLxK` replay those choices of experts."""
+  x, _, trace = transformer.traced_hidden_states(
+      params, rows.tokens_RxT, rows.positions_RxT, rows.segment_ids_RxT,
+      cfg=cfg, sharder=sharder, images=rows.images,
+      experts_BxTxLxK=rows.experts_RxTxLxK)
+  logp = hidden_logprobs(params, x, rows.targets_RxT, cfg=cfg,
+                         sharder=sharder)
+  return logp, trace
+
+
+def router_aux_loss(trace: moe.Trace | None, cfg: ModelConfig
+                    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """`cfg.router_aux_loss_coef` times the load-balancing loss
+  (`moe.load_balancing_loss`) and its metric; 0 and no metric for a dense
+  model or a zero coefficient."""
+  if trace is None or not cfg.router_aux_loss_coef:
+    return jnp.float32(0.0), {}
+  aux = moe.load_balancing_loss(trace, cfg)
+  return cfg.router_aux_loss_coef * aux, {"router_aux_loss": aux}
 
 
 def hidden_logprobs(params, x_BxTxD: jax.Array, targets_BxT: jax.Array, *,

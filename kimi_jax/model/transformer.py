@@ -1,5 +1,6 @@
 """The policy: a functional decoder-only transformer (Llama, Qwen2, Qwen3,
-Gemma 3: the families differ by `ModelConfig` fields, see its doc).
+Qwen3-MoE, Gemma 3: the families differ by `ModelConfig` fields, see its
+doc; the mixture-of-experts MLP is kimi_jax/model/moe.py).
 
 Parameters are a plain pytree of arrays passed in; layers are stacked along a
 leading `layers` axis and run with `lax.scan`, so compile time does not grow
@@ -24,7 +25,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from kimi_jax.model import attention, rope
+from kimi_jax.model import attention, moe, rope
 from kimi_jax.model.config import FULL, SLIDING, ModelConfig
 from kimi_jax.model.projection import project
 from kimi_jax import sharding as sharding_lib
@@ -79,6 +80,11 @@ def param_logical_axes(cfg: ModelConfig) -> Params:
   if cfg.post_norms:
     layers["post_attn_norm"] = ("layers", "norm")
     layers["post_mlp_norm"] = ("layers", "norm")
+  if cfg.n_experts:
+    layers.update(moe.layer_logical_axes())
+    if not moe.has_dense_mlp(cfg):
+      for name in moe.DENSE_MLP_PARAMS:
+        del layers[name]
   params = {"embed": ("vocab", "embed"), "layers": layers,
             "final_norm": ("norm",)}
   if not cfg.tie_embeddings:
@@ -113,6 +119,11 @@ def _text_param_shapes(cfg: ModelConfig) -> Params:
     layers.update(q_norm=(L, Dh), k_norm=(L, Dh))
   if cfg.post_norms:
     layers.update(post_attn_norm=(L, D), post_mlp_norm=(L, D))
+  if cfg.n_experts:
+    layers.update(moe.layer_param_shapes(cfg))
+    if not moe.has_dense_mlp(cfg):
+      for name in moe.DENSE_MLP_PARAMS:
+        del layers[name]
   params = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
   if not cfg.tie_embeddings:
     params["lm_head"] = (D, V)
@@ -152,7 +163,9 @@ def _init_text_params(cfg: ModelConfig, rng: jax.Array, std: float
       leaf = (std * jax.random.normal(key, shape, jnp.float32)).astype(
           cfg.param_jnp_dtype)
     leaves.append(leaf)
-  return jax.tree_util.tree_unflatten(treedef, leaves)
+  params = jax.tree_util.tree_unflatten(treedef, leaves)
+  params["layers"] = moe.zero_unused(cfg, params["layers"])
+  return params
 
 
 def abstract_params(cfg: ModelConfig) -> Params:
@@ -333,10 +346,24 @@ def _gate(gate_BxTxF: jax.Array, cfg: ModelConfig) -> jax.Array:
   return jax.nn.silu(gate_BxTxF)
 
 
-def _residual_and_mlp(x_BxTxD, attn_BxTxHxDh, lp: Params, cfg: ModelConfig,
-                      sharder: Sharder | None) -> jax.Array:
-  """The attention output projection and residual, then the gated MLP
-  (each branch output normed first with `cfg.post_norms`)."""
+def _dense_mlp(h_BxTxD, lp: Params, cfg: ModelConfig,
+               sharder: Sharder | None) -> jax.Array:
+  dt = cfg.compute_jnp_dtype
+  gate = project("btd,df->btf", h_BxTxD, lp["w_gate"].astype(dt))
+  up = project("btd,df->btf", h_BxTxD, lp["w_up"].astype(dt))
+  act = constrain(sharder, _gate(gate, cfg) * up,
+                  ("batch", "act_length", "mlp"))
+  return project("btf,fd->btd", act, lp["w_down"].astype(dt))
+
+
+def _residual_and_ffn(x_BxTxD, attn_BxTxHxDh, lp: Params, cfg: ModelConfig,
+                      sharder: Sharder | None, sparse=False, valid_BxT=None,
+                      experts_BxTxK=None
+                      ) -> tuple[jax.Array, moe.Trace | None]:
+  """The attention output projection and residual, then the gated MLP or,
+  where `sparse`, the mixture of experts (`moe.ffn`; each branch output
+  normed first with `cfg.post_norms`). Also returns the MoE layer's
+  trace (None for a dense model)."""
   dt = cfg.compute_jnp_dtype
   out = project("bthk,hkd->btd", attn_BxTxHxDh, lp["wo"].astype(dt))
   if cfg.post_norms:
@@ -344,25 +371,33 @@ def _residual_and_mlp(x_BxTxD, attn_BxTxHxDh, lp: Params, cfg: ModelConfig,
   x_BxTxD = constrain(sharder, x_BxTxD + out,
                       ("batch", "act_length", "act_embed"))
   h = _norm(x_BxTxD, lp["mlp_norm"], cfg)
-  gate = project("btd,df->btf", h, lp["w_gate"].astype(dt))
-  up = project("btd,df->btf", h, lp["w_up"].astype(dt))
-  act = constrain(sharder, _gate(gate, cfg) * up,
-                  ("batch", "act_length", "mlp"))
-  out = project("btf,fd->btd", act, lp["w_down"].astype(dt))
+  out, trace = moe.ffn(h, lp, cfg, sharder, sparse,
+                       lambda h: _dense_mlp(h, lp, cfg, sharder), valid_BxT,
+                       experts_BxTxK)
   if cfg.post_norms:
     out = _norm(out, lp["post_mlp_norm"], cfg)
-  return constrain(sharder, x_BxTxD + out, ("batch", "act_length", "act_embed"))
+  return (constrain(sharder, x_BxTxD + out,
+                    ("batch", "act_length", "act_embed")), trace)
+
+
+def _residual_and_mlp(x_BxTxD, attn_BxTxHxDh, lp: Params, cfg: ModelConfig,
+                      sharder: Sharder | None) -> jax.Array:
+  """`_residual_and_ffn` of a dense layer."""
+  return _residual_and_ffn(x_BxTxD, attn_BxTxHxDh, lp, cfg, sharder)[0]
 
 
 def _layer(x_BxTxD, lp: Params, positions_BxT, mask_BxTxS, cache_kv,
            write_idx_BxT, cfg: ModelConfig, sharder: Sharder | None,
-           segment_ids_BxT=None, sliding=False, return_kv=False):
+           segment_ids_BxT=None, sliding=False, return_kv=False,
+           sparse=False, experts_BxTxK=None):
   """One pre-norm block. `cache_kv` is (k_BxSxKxDh, v_BxSxKxDh) or None.
 
   `mask_BxTxS` None: the new tokens attend only to each other (training, or
   a prefill into an empty cache) with `cfg.attention` over `segment_ids_BxT`;
   otherwise densely over the cache under that mask. Without a cache the
-  block returns its new keys and values when `return_kv`."""
+  block returns its new keys and values when `return_kv`. Returns (x, new
+  keys and values, MoE trace or None); `sparse` and `experts_BxTxK` as in
+  `_residual_and_ffn`."""
   q, k, v = _qkv(x_BxTxD, lp, positions_BxT, cfg, sharder, sliding)
   if cache_kv is None:
     keys, values = k, v
@@ -379,7 +414,10 @@ def _layer(x_BxTxD, lp: Params, positions_BxT, mask_BxTxS, cache_kv,
     attn = _self_attend(q, k, v, segment_ids_BxT, cfg, sharder, sliding)
   else:
     attn = _attend(q, keys, values, mask_BxTxS, cfg, sharder)
-  return _residual_and_mlp(x_BxTxD, attn, lp, cfg, sharder), new_kv
+  valid = None if segment_ids_BxT is None else segment_ids_BxT != 0
+  x_BxTxD, trace = _residual_and_ffn(x_BxTxD, attn, lp, cfg, sharder, sparse,
+                                     valid, experts_BxTxK)
+  return x_BxTxD, new_kv, trace
 
 
 def _cached_mask(lengths_B: jax.Array, T: int, S: int) -> jax.Array:
@@ -422,8 +460,26 @@ def hidden_states(params: Params, tokens_BxT: jax.Array,
                   positions_BxT: jax.Array, segment_ids_BxT: jax.Array, *,
                   cfg: ModelConfig, cache: KVCache | None = None,
                   prefill: bool = False, sharder: Sharder | None = None,
-                  images: merge.RowImages | None = None
+                  images: merge.RowImages | None = None,
+                  experts_BxTxLxK: jax.Array | None = None
                   ) -> tuple[jax.Array, KVCache | None]:
+  """`traced_hidden_states` without the MoE trace."""
+  x, cache, _ = traced_hidden_states(
+      params, tokens_BxT, positions_BxT, segment_ids_BxT, cfg=cfg,
+      cache=cache, prefill=prefill, sharder=sharder, images=images,
+      experts_BxTxLxK=experts_BxTxLxK)
+  return x, cache
+
+
+def traced_hidden_states(params: Params, tokens_BxT: jax.Array,
+                         positions_BxT: jax.Array, segment_ids_BxT: jax.Array,
+                         *, cfg: ModelConfig, cache: KVCache | None = None,
+                         prefill: bool = False,
+                         sharder: Sharder | None = None,
+                         images: merge.RowImages | None = None,
+                         experts_BxTxLxK: jax.Array | None = None
+                         ) -> tuple[jax.Array, KVCache | None,
+                                    moe.Trace | None]:
   """The final-norm hidden states x_BxTxD, and the updated cache.
 
   Without a cache, rows may hold several packed sequences (segment ids 1, 2,
@@ -438,6 +494,9 @@ def hidden_states(params: Params, tokens_BxT: jax.Array,
   in their rings (see `KVCache`); over a non-empty cache its layers run
   unrolled (their caches differ in length).
   images: the rows' images (see `embed_inputs`); None for text only.
+  An MoE model (`cfg.n_experts`) also returns its MoE layers' `moe.Trace`
+  stacked over them (None for a dense model); `experts_BxTxLxK` replays
+  those layers' choices of experts (routing replay, kimi_jax/model/moe.py).
   """
   B, T = tokens_BxT.shape
   x = embed_inputs(params, tokens_BxT, cfg=cfg, images=images,
@@ -446,7 +505,7 @@ def hidden_states(params: Params, tokens_BxT: jax.Array,
     run = _windowed_prefill if prefill else _windowed_cached
     x, cache = run(params, x, positions_BxT, segment_ids_BxT, cache, cfg,
                    sharder)
-    return _norm(x, params["final_norm"], cfg), cache
+    return _norm(x, params["final_norm"], cfg), cache, None
   if cache is None:
     mask = write_idx = xs_cache = None
   else:
@@ -456,30 +515,48 @@ def hidden_states(params: Params, tokens_BxT: jax.Array,
     xs_cache = (cache.k, cache.v)
   kinds = _scanned_kinds(cfg)
   scanned = not isinstance(kinds, bool)
+  sparse = moe.scanned_sparse(cfg)
+  sparse_scanned = not isinstance(sparse, bool)
+  replay = (None if experts_BxTxLxK is None else
+            moe.layers_replay(cfg, experts_BxTxLxK))
 
-  def layer_fn(sliding):
+  def layer_fn(sliding, sparse_kind):
     """The block of a static kind, or (None) of the kind scanned in xs."""
     def body(x_BxTxD, xs):
-      lp, kv, flag = xs
-      return _layer(x_BxTxD, lp, positions_BxT, mask, kv, write_idx, cfg,
-                    sharder, segment_ids_BxT,
-                    flag if sliding is None else sliding)
+      lp, kv, flag, sparse_flag, experts = xs
+      x_BxTxD, new_kv, trace = _layer(
+          x_BxTxD, lp, positions_BxT, mask, kv, write_idx, cfg, sharder,
+          segment_ids_BxT, flag if sliding is None else sliding,
+          sparse=sparse_flag if sparse_kind is None else sparse_kind,
+          experts_BxTxK=experts)
+      return x_BxTxD, (new_kv, trace)
     return jax.checkpoint(body, prevent_cse=False) if cfg.remat else body
 
   if cache is None and not cfg.scan_layers:
-    for i, kind in enumerate(cfg.layer_kinds):
+    traces = []
+    for i, (kind, sparse_i) in enumerate(zip(cfg.layer_kinds,
+                                             cfg.sparse_kinds)):
       lp = jax.tree.map(lambda a, i=i: a[i], params["layers"])
-      x, _ = layer_fn(kind == SLIDING)(x, (lp, None, None))
+      x, (_, trace) = layer_fn(kind == SLIDING, sparse_i)(
+          x, (lp, None, None, None, None if replay is None else replay[i]))
+      traces.append(trace)
     new_kv = None
+    trace = (None if not cfg.n_experts else
+             jax.tree.map(lambda *xs: jnp.stack(xs), *traces))
   else:
-    x, new_kv = jax.lax.scan(layer_fn(None if scanned else kinds), x,
-                             (params["layers"], xs_cache,
-                              kinds if scanned else None))
+    x, (new_kv, trace) = jax.lax.scan(
+        layer_fn(None if scanned else kinds,
+                 None if sparse_scanned else sparse), x,
+        (params["layers"], xs_cache, kinds if scanned else None,
+         sparse if sparse_scanned else None, replay))
+  if trace is not None:
+    trace = moe.moe_traces(cfg, trace)
   x = _norm(x, params["final_norm"], cfg)
   if cache is None:
-    return x, None
+    return x, None, trace
   n_new_B = jnp.sum(segment_ids_BxT != 0, axis=1).astype(jnp.int32)
-  return x, KVCache(k=new_kv[0], v=new_kv[1], lengths=cache.lengths + n_new_B)
+  return x, KVCache(k=new_kv[0], v=new_kv[1],
+                    lengths=cache.lengths + n_new_B), trace
 
 
 # ---- caches of sliding-window models -----------------------------------------
@@ -553,7 +630,7 @@ def _windowed_prefill(params, x_BxTxD, positions_BxT, segment_ids_BxT,
   def layer(x, lp, sliding):
     return _layer(x, lp, positions_BxT, None, None, None, cfg, sharder,
                   segment_ids_BxT, sliding if scanned else kinds,
-                  return_kv=True)
+                  return_kv=True)[:2]
 
   if cfg.remat:
     layer = jax.checkpoint(layer, prevent_cse=False)
@@ -596,7 +673,7 @@ def _windowed_cached(params, x_BxTxD, positions_BxT, segment_ids_BxT,
   for i, kind in enumerate(cfg.layer_kinds):
     lp = jax.tree.map(lambda a, i=i: a[i], params["layers"])
     if kind == FULL:
-      x_BxTxD, (k, v) = _layer(
+      x_BxTxD, (k, v), _ = _layer(
           x_BxTxD, lp, positions_BxT, full_mask,
           (cache.k[n_full], cache.v[n_full]), write_idx, cfg, sharder)
       out["k"].append(k)

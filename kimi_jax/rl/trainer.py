@@ -22,7 +22,8 @@ from kimi_jax.token_rows import TokenRows
 
 def token_logp_RxT(params, rows: TokenRows, *, cfg: ModelConfig,
                    sharder: Sharder | None) -> jax.Array:
-  """log pi_theta of every target of the packed rows."""
+  """log pi_theta of every target of the packed rows (replaying the
+  sampler's experts where the rows carry them)."""
   return logprobs.rows_logprobs(params, rows, cfg=cfg, sharder=sharder)
 
 
@@ -84,14 +85,19 @@ def policy_loss(params, mb: Minibatch, *, cfg: ModelConfig, rl: RLConfig,
   (`gap_sums`) of this call's parameters: the learner reads them from a
   step at theta_i.
 
+  An MoE model adds `model.router_aux_loss_coef` times the load-balancing
+  loss (`logprobs.router_aux_loss`; 0 by default in RL).
+
   With rl.tis_cap the policy-gradient term weights each token by
   `losses.tis_weights` of `mb.ref_logp_RxT` (the trainer's log pi_theta_i,
   which the learner computes in its reference pass) against the sampler's
   log-probs.
   """
-  logp_RxT = token_logp_RxT(params, mb.rows, cfg=cfg, sharder=sharder)
+  logp_RxT, trace = logprobs.traced_rows_logprobs(params, mb.rows, cfg=cfg,
+                                                  sharder=sharder)
   seq_logp_PxK = _per_response(logp_RxT, mb)
   gap = gap_sums(logp_RxT, mb, sharder)
+  aux, aux_metrics = logprobs.router_aux_loss(trace, cfg)
   own_PxK = jax.lax.stop_gradient(seq_logp_PxK)
   if sharder is not None:
     own_PxK = jax.lax.with_sharding_constraint(own_PxK, sharder.replicated())
@@ -99,7 +105,9 @@ def policy_loss(params, mb: Minibatch, *, cfg: ModelConfig, rl: RLConfig,
     n_tokens_PxK = _per_response(mb.rows.mask_RxT, mb)
     loss, metrics = losses.rest_seq_loss(seq_logp_PxK, n_tokens_PxK,
                                          mb.correct_PxK)
-    return loss, dict(metrics, **gap, seq_logp_PxK=own_PxK)
+    if aux_metrics:
+      loss = loss + aux
+    return loss, dict(metrics, **gap, **aux_metrics, seq_logp_PxK=own_PxK)
   ref_PxK = mb.ref_seq_logp_PxK
   if self_reference is not None:
     ref_PxK = jnp.where(self_reference, own_PxK, ref_PxK)
@@ -113,7 +121,9 @@ def policy_loss(params, mb: Minibatch, *, cfg: ModelConfig, rl: RLConfig,
       seq_logp_PxK, ref_PxK, mb.reward_PxK, tau=rl.tau,
       baseline_kind=rl.baseline, valid_P=mb.valid_P,
       pg_seq_logp_PxK=pg_seq_PxK)
-  metrics.update(gap, **tis)
+  metrics.update(gap, **tis, **aux_metrics)
+  if aux_metrics:
+    loss = loss + aux
   metrics["n_tokens"] = mb.rows.mask_RxT.sum()
   metrics["seq_logp_PxK"] = own_PxK
   return loss, metrics
