@@ -64,17 +64,22 @@ GUESSABLE_SIZES = {GUESSABLE: {"eval_size": 0, "val_size": 0,
 COT_CUE = "\nThink step by step."
 
 
-def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  c = tiny.get_config()
-  c.model.update(vocab_size=160, d_model=128, n_layers=4, n_heads=4,
-                 n_kv_heads=2, head_dim=32, mlp_dim=512, max_seq_len=128)
-  # Paths are filled in by the pipeline (W/data, W/tokenizer).
-  c.task = ml_collections.ConfigDict(dict(
-      name="jsonl", train_path="", eval_path="", reward="reasoning_gym",
+def pipeline_task(reward: str) -> ml_collections.ConfigDict:
+  """The jsonl task a gym pipeline writes; its paths are filled in by the
+  pipeline (W/data, W/tokenizer)."""
+  return ml_collections.ConfigDict(dict(
+      name="jsonl", train_path="", eval_path="", reward=reward,
       prompt_field="prompt", answer_field="answer",
       difficulty_field="difficulty", tags_field="tags", tests_field="tests",
       tokenizer="", chat_template=False, system_prompt="",
       on_bad_row="error"))
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = tiny.get_config()
+  c.model.update(vocab_size=160, d_model=128, n_layers=4, n_heads=4,
+                 n_kv_heads=2, head_dim=32, mlp_dim=512, max_seq_len=128)
+  c.task = pipeline_task("reasoning_gym")
   c.sft.update(batch_size=32, seq_len=128, learning_rate=2e-3,
                warmup_steps=20, decay="cosine", final_learning_rate=2e-4)
   c.sampler.update(cache_len=112, prefill_buckets=(32, 64), max_slots=128)

@@ -113,11 +113,13 @@ def test_run_evaluator_errors_name_the_problem(tmp_path):
   from kimi_jax.job import workdir
   from kimi_jax.infra.config import ConfigError, load_config
   (tmp_path / "config.json").write_text(
-      load_config("experiments/tiny.py:micro").to_json_best_effort())
+      load_config("experiments/tiny.py:micro",
+                  ["task.val_fraction=0.0"]).to_json_best_effort())
   with pytest.raises(ConfigError, match="'pointer_chase' generates its "
                      "problems; only a jsonl task reads another file"):
     workdir.evaluator(str(tmp_path), data=str(tmp_path / "x.jsonl"))
-  with pytest.raises(ConfigError, match="the run has no val problems$"):
+  with pytest.raises(ConfigError, match=r"the run has no val problems "
+                     r"\(task.val_fraction is 0\)$"):
     workdir.evaluator(str(tmp_path), split="val")
   with pytest.raises(ConfigError, match="samples must be >= 1"):
     workdir.evaluator(str(tmp_path), samples=0)

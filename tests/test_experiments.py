@@ -32,8 +32,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # tests/test_ablation.py); rm_tiny.py a study (warm start, reward-model
 # training, RL arms; tested in tests/test_reward_models.py); gym_tiny.py a
 # pipeline of two main-job runs between data stages (its `:micro` variant
-# runs end to end in tests/test_gym_pipeline.py).
-NOT_EXPERIMENTS = ("ablations.py", "rm_tiny.py", "gym_tiny.py")
+# runs end to end in tests/test_gym_pipeline.py), and so is reflect_tiny.py
+# (tests/test_reflect.py).
+NOT_EXPERIMENTS = ("ablations.py", "rm_tiny.py", "gym_tiny.py",
+                   "reflect_tiny.py")
 EXPERIMENTS = sorted(
     p for p in glob.glob(os.path.join(ROOT, "experiments", "*.py"))
     if not os.path.basename(p).startswith("_")

@@ -186,7 +186,11 @@ def test_sft_stop_reads_the_configured_metric(tmp_path):
 
 
 def test_sft_stop_needs_a_validation_set(tmp_path):
-  job = _job(tmp_path / "w", stop_at_val=0.5, check_every=2)
+  config = _config(stop_at_val=0.5, check_every=2)
+  with config.unlocked():
+    config.task.val_fraction = 0.0
+  job = job_lib.build(parse_config(config, jax.device_count()),
+                      str(tmp_path / "w"))
   state, opt, sh = _fresh(job)
   with pytest.raises(ConfigError, match="task.val_path"):
     job_lib.run_sft(job, state, 0, None, opt, sh)

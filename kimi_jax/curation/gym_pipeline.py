@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 import jax
 import ml_collections
+import numpy as np
 
 from kimi_jax.curation import text_tokenizer, warmup
 from kimi_jax.curation import config as tools_config
@@ -51,6 +52,7 @@ from kimi_jax.curation.gym_problems import (GymConfig, problem_sets,
                                             validation_set, vanilla_problems)
 from kimi_jax.curation.policy import load_policy
 from kimi_jax.data import records as records_lib
+from kimi_jax.data import reflect
 from kimi_jax.infra import workdir_lock
 from kimi_jax.infra.config import ConfigError, to_dataclass
 from kimi_jax.infra.console import log
@@ -249,16 +251,25 @@ def sft_rows(records: list[dict], pipe: PipelineConfig, seed: int
   """Vanilla SFT rows: direct answers to plain prompts for a
   `direct_fraction` of the problems (a seeded choice), worked solutions for
   the rest, to the cued prompt for a `cued_fraction` of them and to the
-  plain prompt otherwise."""
+  plain prompt otherwise. Table-inversion problems (kimi_jax/data/
+  reflect.py) answer the plain prompt with a short search and the cued one
+  with the full search."""
   rng, cue_rng = random.Random(seed), random.Random(seed + 1)
+  # The table-inversion task's plain worked solutions draw a search budget.
+  budget_rng = np.random.default_rng([seed, 3])
   rows = []
   for record in records:
     direct = rng.random() < pipe.direct_fraction
     # Its own stream: the direct choices do not depend on cued_fraction.
     cued = not direct and cue_rng.random() < pipe.cued_fraction
     prompt = record["prompt"] + (pipe.cot_cue if cued else "")
-    rows.append({"id": record["id"], "prompt": prompt,
-                 "response": solution(record, "direct" if direct else "cot")})
+    if reflect.DATASET in record:
+      # A short search for the plain prompt, the full one under the cue.
+      style = "direct" if direct else "cued" if cued else "plain"
+      response = reflect.worked_solution(record, style, budget_rng)
+    else:
+      response = solution(record, "direct" if direct else "cot")
+    rows.append({"id": record["id"], "prompt": prompt, "response": response})
   return rows
 
 
@@ -273,7 +284,8 @@ def stage_data(config: ml_collections.ConfigDict, paths: Paths) -> dict:
                  int(config.seed))
   groups: dict[str, list[str]] = {}
   for row in train:
-    groups.setdefault(row["rg"]["dataset"], []).append(row["prompt"])
+    name = reflect.DATASET if reflect.DATASET in row else row["rg"]["dataset"]
+    groups.setdefault(name, []).append(row["prompt"])
   groups["vanilla_sft"] = [r["prompt"] for r in sft]
   text_tokenizer.build_for(groups, paths.tokenizer, pipe.min_word_fraction)
   sets = [(paths.train, train), (paths.eval, held), (paths.sft, sft)]

@@ -20,6 +20,7 @@ import json
 import re
 from typing import Any, Callable, Mapping
 
+from kimi_jax.data import reflect
 from kimi_jax.rewards.reasoning_gym import DEFAULT_PROMPT_SUFFIX, make_records
 from kimi_jax.rl.breakdown import Split
 
@@ -147,7 +148,11 @@ def _matches(record: Mapping[str, Any], fields: Mapping[str, str]) -> bool:
 def dataset_items(cfg: GymConfig, name: str, stop: int) -> list[dict]:
   """The first `stop` items of one generator that pass its `where` filter
   (all items when it has none)."""
-  make = functools.partial(make_records, name, seed=cfg.seed,
+  # The table-inversion task is ours, generated alike (kimi_jax/data/
+  # reflect.py); every other name is a reasoning-gym generator.
+  generate = (reflect.make_records if name == reflect.DATASET else
+              functools.partial(make_records, name))
+  make = functools.partial(generate, seed=cfg.seed,
                            prompt_suffix=cfg.prompt_suffix,
                            **cfg.options().get(name, {}))
   fields = cfg.where().get(name)

@@ -289,7 +289,8 @@ def run_sft(job: Job, state: ts.TrainState, start_step: int,
   target, check_every = cfg.sft.stop_at_val, cfg.sft.check_every
   if target and job.validator is None:
     raise ConfigError("sft.stop_at_val needs a validation set "
-                      "(task.val_path)")
+                      "(task.val_path, or task.val_fraction for pointer "
+                      "chasing)")
   t0 = time.perf_counter()
   pending = None
 

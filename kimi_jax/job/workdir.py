@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 import ml_collections
 
-from kimi_jax.data import tasks
+from kimi_jax.data import pointer_chase, tasks
 from kimi_jax.data.tasks import hf_tokenizer, make_task
 from kimi_jax.infra import checkpoint as ckpt_lib
 from kimi_jax.infra.config import ConfigError
@@ -182,7 +182,9 @@ def evaluator(workdir: str, *, split: str = "eval", data: str = "",
       vision=cfg.model.vision)
   if not len(getattr(task, split)):
     hint = (" (task.val_path is empty)" if isinstance(
-        task_cfg, tasks.JsonlTaskConfig) else "")
+        task_cfg, tasks.JsonlTaskConfig) else " (task.val_fraction is 0)"
+            if isinstance(task_cfg, pointer_chase.PointerChaseConfig) and
+            split == "val" else "")
     raise ConfigError(f"{workdir}: the run has no {split} problems{hint}")
   sampler = make_sampler(cfg.model, cfg.sampler, sharder)
   n = cfg.rl.eval_samples if samples is None else samples

@@ -23,6 +23,7 @@ from kimi_jax.rewards.code import CodeReward
 from kimi_jax.rewards.math import MathReward
 from kimi_jax.rewards.pointer_chase import PointerChaseReward
 from kimi_jax.rewards.reasoning_gym import ReasoningGymReward
+from kimi_jax.rewards.reflect import ReflectReward
 from kimi_jax.sandbox import SandboxClient
 
 
@@ -54,6 +55,20 @@ def _pointer_chase(**options: Any) -> RewardFn:
   return PointerChaseReward()
 
 
+def _reflect(**options: Any) -> RewardFn:
+  if options:
+    raise TypeError(f"the reflect rewards take no options, got "
+                    f"{sorted(options)}")
+  return ReflectReward()
+
+
+def _reflect_steps(**options: Any) -> RewardFn:
+  if options:
+    raise TypeError(f"the reflect rewards take no options, got "
+                    f"{sorted(options)}")
+  return ReflectReward(check_steps=True)
+
+
 REWARDS: dict[str, Callable[..., RewardFn]] = {
     "math": _math,
     "reasoning_gym": _reasoning_gym,
@@ -62,6 +77,11 @@ REWARDS: dict[str, Callable[..., RewardFn]] = {
     "code": _code,
     # The tiny synthetic task's exact verifier.
     "pointer_chase": _pointer_chase,
+    # Table inversion by trying and checking candidates
+    # (kimi_jax/data/reflect.py): the answer, or the answer and every
+    # attempt's lookups.
+    "reflect": _reflect,
+    "reflect_steps": _reflect_steps,
 }
 # The rewards that run a model on the job's mesh (built by the job).
 MODEL_REWARDS = ("rm_value", "rm_cot", "verifier_or_rm_value",

@@ -8,7 +8,10 @@ evaluations of the same params give the same numbers. `Evaluator.sample`
 returns every scored response (`EvalSamples`) for finer statistics (by
 difficulty, shortest correct per problem; see kimi_jax/long2short).
 `pass_at_1_by_task` splits pass@1 by task: a record's first tag, else its
-reasoning-gym dataset (`rg/<name>`), else "all".
+reasoning-gym dataset (`rg/<name>`), else "all". `by_difficulty` splits
+pass@1 and mean response tokens by the records' `difficulty` (levels as
+strings, in increasing order of the number; records without one are left
+out, and a set without any gives {}).
 """
 
 from __future__ import annotations
@@ -41,6 +44,39 @@ class EvalResult:
   p90_length: float = 0.0
   pass_at_1_by_task: Mapping[str, float] = dataclasses.field(
       default_factory=dict)
+  # {level: {"pass_at_1", "mean_length", "n_problems"}}, easiest first.
+  by_difficulty: Mapping[str, Mapping[str, float]] = dataclasses.field(
+      default_factory=dict)
+
+
+def difficulty_of(record: Mapping[str, Any]) -> float:
+  """A record's numeric `difficulty`, NaN when it has none."""
+  value = record.get("difficulty")
+  try:
+    return float(value)
+  except (TypeError, ValueError):
+    return float("nan")
+
+
+def level_name(difficulty: float) -> str:
+  """A difficulty as a level key: 2.0 -> "2", 0.5 -> "0.5"."""
+  return f"{difficulty:g}"
+
+
+def by_difficulty(difficulty_N: np.ndarray, correct_N: np.ndarray,
+                  length_N: np.ndarray, problem_N: np.ndarray
+                  ) -> dict[str, dict[str, float]]:
+  """pass@1, mean response tokens and problem count per difficulty level
+  over scored draws (the caller passes the sampled ones), in increasing
+  order of the level; NaN difficulties are left out."""
+  out = {}
+  for level in sorted(set(difficulty_N[~np.isnan(difficulty_N)].tolist())):
+    at = difficulty_N == level
+    out[level_name(level)] = {
+        "pass_at_1": float(np.mean(correct_N[at])),
+        "mean_length": float(np.mean(length_N[at])),
+        "n_problems": int(len(set(problem_N[at].tolist())))}
+  return out
 
 
 def task_of(record: Mapping[str, Any]) -> str:
@@ -63,11 +99,16 @@ class EvalSamples:
   task_N: np.ndarray
   n_problems: int
   text_N: np.ndarray | None = None  # response texts, when kept
+  # The problems' difficulties (NaN: none), when known.
+  difficulty_N: np.ndarray | None = None
 
   def summary(self) -> EvalResult:
     sampled = self.draw_N >= 0
     lengths = self.length_N[sampled]
     tasks = self.task_N[sampled]
+    levels = ({} if self.difficulty_N is None else by_difficulty(
+        self.difficulty_N[sampled], self.correct_N[sampled], lengths,
+        self.problem_N[sampled]))
     return EvalResult(
         pass_at_1=float(np.mean(self.correct_N[sampled])),
         greedy_accuracy=float(np.mean(self.correct_N[~sampled])),
@@ -75,7 +116,8 @@ class EvalSamples:
         p90_length=float(np.percentile(lengths, 90)),
         pass_at_1_by_task={
             t: float(np.mean(self.correct_N[sampled][tasks == t]))
-            for t in sorted(set(tasks.tolist()))})
+            for t in sorted(set(tasks.tolist()))},
+        by_difficulty=levels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +179,9 @@ class Evaluator:
         length_N=np.array([len(r.tokens) for r in results], np.int32),
         correct_N=np.array([s.correct for s in scored], bool),
         task_N=np.array([task_of(r) for r in records], dtype=object),
-        n_problems=len(held), text_N=np.array(texts, dtype=object))
+        n_problems=len(held), text_N=np.array(texts, dtype=object),
+        difficulty_N=np.array([difficulty_of(r) for r in records],
+                              np.float64))
 
   def __call__(self, params) -> EvalResult:
     return self.sample(params).summary()
