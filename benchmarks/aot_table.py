@@ -23,7 +23,8 @@ GB = 1e9
 # Smallest first: the table's order.
 _MODEL = {"qwen2_5_1_5b": "Qwen2.5-1.5B", "gemma3_4b": "Gemma-3-4B",
           "qwen2_5_7b": "Qwen2.5-7B", "qwen3_8b": "Qwen3-8B",
-          "llama3_1_8b": "Llama-3.1-8B", "qwen2_5_32b": "Qwen2.5-32B"}
+          "llama3_1_8b": "Llama-3.1-8B", "qwen3_30b_a3b": "Qwen3-30B-A3B",
+          "qwen2_5_32b": "Qwen2.5-32B"}
 HEADER = ("| model | slice (chips x HBM) | mesh | tokens/seq | train step per "
           "length bucket, smallest → largest | reference log-probs | prefill "
           "| decode call | |\n|---|---|---|---|---|---|---|---|---|")

@@ -81,7 +81,8 @@ def long_cot_config(model: ml_collections.ConfigDict, *,
   c.model = model
   # A local Hugging Face directory (e.g. Qwen2.5-7B-Instruct); set per run.
   c.init_from_hf = ""
-  c.mesh = ml_collections.ConfigDict(mesh)
+  # expert: a mixture-of-experts model's expert parallelism (1: none).
+  c.mesh = ml_collections.ConfigDict({"expert": 1, **mesh})
   c.sharding = tiny.sharding_config()
   c.task = _task_section()
   c.sft = _sft_section(seq_len)
@@ -253,6 +254,9 @@ def _rl_section(seq_len: int, *, prompts_per_iteration: int,
       # Standard benchmarks at each evaluation, e.g.
       # ("math500=/data/math500.jsonl", "humaneval") (docs/evaluation.md).
       eval_benchmarks=(),
+      # Routing replay for a mixture-of-experts policy: the trainer routes each
+      # token to the experts the sampler chose (docs/rl.md); dense models: False.
+      routing_replay=False,
   ))
 
 
@@ -288,6 +292,11 @@ def tiny_variant(model: ml_collections.ConfigDict
   for name in FAMILY_FIELDS:
     if name in model:
       c.model[name] = model[name]
+  if model.get("n_experts"):
+    # A mixture-of-experts family stays one: 8 experts, 2 per token.
+    c.model.update(dict(n_experts=8, n_experts_per_token=2,
+                        expert_mlp_dim=t.mlp_dim // 4,
+                        norm_topk_prob=model.norm_topk_prob))
   if "query_pre_attn_scalar" in model:
     c.model.query_pre_attn_scalar = (model.query_pre_attn_scalar *
                                      t.head_dim / model.head_dim)
@@ -320,7 +329,7 @@ def cpu_smoke_variant(full: ml_collections.ConfigDict
   if "rope_scaling" in c.model:
     del c.model["rope_scaling"]
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, context=1,
-                                           tensor=1))
+                                           tensor=1, expert=1))
   c.sft.update(dict(
       steps=2, batch_size=4, seq_len=256, learning_rate=1e-3,
       warmup_steps=0, decay="constant", final_learning_rate=0.0,

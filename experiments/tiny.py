@@ -90,7 +90,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Import real weights instead of random init: a local Hugging Face dir.
   c.init_from_hf = ""
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, context=1,
-                                         tensor=1))
+                                         tensor=1, expert=1))
   c.sharding = sharding_config()
   c.task = task_config()
   c.sft = sft_config()
@@ -238,6 +238,9 @@ def rl_config() -> ml_collections.ConfigDict:
       eval_every=10,
       eval_samples=4,
       eval_benchmarks=(),
+      # Routing replay for a mixture-of-experts policy: the trainer routes each
+      # token to the experts the sampler chose (docs/rl.md); dense models: False.
+      routing_replay=False,
   ))
 
 

@@ -35,8 +35,9 @@ class TokenRows:
   # (kimi_jax/vision/merge.py). None for text rows.
   images: RowImages | None = None
   # An MoE model's routing replay (kimi_jax/model/moe.py): the experts each
-  # input token went to in the sampler, per MoE layer (int32; Lm x K per
-  # token). None: the trainer routes on its own.
+  # input token went to in the sampler, per MoE layer (integer ids, int8 or
+  # int16 as recorded; Lm x K per token). None: the trainer routes on its
+  # own.
   experts_RxTxLxK: np.ndarray | None = None
 
   @property

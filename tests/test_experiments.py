@@ -318,7 +318,10 @@ def _smoke(tmp_path, path=QWEN_1_5B, **overrides):
                               "response": "2"}) + "\n")
   values = {"init_from_hf": _checkpoint_dir(tmp_path / "hf"),
             "task.train_path": str(data), "task.eval_path": str(data),
-            "sft.train_path": str(data), **overrides}
+            "sft.train_path": str(data),
+            # A dense checkpoint: no experts to replay (an MoE experiment's
+            # cpu_smoke replays them; tests/test_real_path_moe.py).
+            "rl.routing_replay": False, **overrides}
   return load_config(path + ":cpu_smoke", values)
 
 

@@ -70,7 +70,7 @@ def test_plan_matches_allocated_arrays(config_path, sizes):
   # note on constraining them in the train step).
   assert memory.grads == memory.params
   assert memory.kv_cache == _only_value(_bytes_per_device(cache))
-  assert memory.mesh == {"context": 1} | sizes
+  assert memory.mesh == {"context": 1, "expert": 1} | sizes
 
 
 def test_paged_cache_plan_matches_the_allocated_pool():
@@ -165,7 +165,8 @@ def test_launch_warns_and_writes_json(tmp_path):
   expected = plan.plan_for_config(load_config(TINY, ["sampler.max_slots=64"]),
                                   dict(data=2, fsdp=2, tensor=2))
   assert written["total"] == expected.total
-  assert written["mesh"] == dict(data=2, fsdp=2, context=1, tensor=2)
+  assert written["mesh"] == dict(data=2, fsdp=2, context=1, tensor=2,
+                                 expert=1)
   # The report names the experiment and its overrides as a user writes them.
   assert written["config"] == TINY
   assert written["overrides"] == ["sampler.max_slots=64"]

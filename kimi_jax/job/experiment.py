@@ -196,6 +196,9 @@ def check_experiment(cfg: ExperimentConfig, n_devices: int | None = None
         f"rl.prompts_per_iteration x rl.samples_per_prompt ({wave}) to fit "
         f"config.sampler.max_slots ({s.max_slots}); the rollout window would "
         f"leave the rest unstarted")
+  if rl.routing_replay and not model.n_experts:
+    bad("config.rl.routing_replay is set but config.model.n_experts is 0: "
+        "a dense model has no experts to replay")
   if rl.train_len_buckets and rl.train_len_buckets[-1] > model.max_seq_len:
     bad(f"config.rl.train_len_buckets: largest bucket "
         f"({rl.train_len_buckets[-1]}) exceeds config.model.max_seq_len "

@@ -101,6 +101,12 @@ def activation_estimate(cfg: ModelConfig, sharder: Sharder, rows: int,
            + (B T H Dh) x 2   queries, attention output
            + (B T K Dh) x 2   keys, values
            + (B T F) x 3      gate, up, silu(gate) * up
+                              (a mixture-of-experts layer instead: the
+                              router's B T E f32 logits and probabilities,
+                              and its B T k token copies, (B T k D) x 3 in,
+                              out and back at their tokens, plus
+                              (B T k Fe) x 3, each expert's gate, up and
+                              product)
            + attention scores:
                model.attention "dot":  B H T T x (4 + c)  (f32 scores, probs)
                otherwise:              3 x B H b b x 4    (one block pair's
@@ -124,7 +130,17 @@ def activation_estimate(cfg: ModelConfig, sharder: Sharder, rows: int,
                    ("batch", "act_length", "heads", "head_dim"), c)
   kv = _local_bytes(sharder, (B, T, K, Dh),
                     ("batch", "act_length", "kv_heads", "head_dim"), c)
-  mlp = _local_bytes(sharder, (B, T, F), ("batch", "act_length", "mlp"), c)
+  mlp = 3 * _local_bytes(sharder, (B, T, F), ("batch", "act_length", "mlp"),
+                        c)
+  if cfg.n_experts:
+    E, k, Fe = cfg.n_experts, cfg.n_experts_per_token, cfg.expert_mlp_dim
+    moe = (2 * _local_bytes(sharder, (B, T, E), ("batch", "act_length", None),
+                            jnp.float32) +
+           3 * _local_bytes(sharder, (B, T, k, D),
+                            ("batch", "act_length", None, "act_embed"), c) +
+           3 * _local_bytes(sharder, (B, T, k, Fe),
+                            ("batch", "act_length", None, "expert_mlp"), c))
+    mlp = moe if not cfg.dense_layers else max(mlp, moe)
   if cfg.attention == "dot":
     scores_shape = (B, K, H // K, T, T)
     scores_logical = ("batch", "kv_heads", None, "length", "length")
@@ -136,7 +152,7 @@ def activation_estimate(cfg: ModelConfig, sharder: Sharder, rows: int,
     attention = 3 * _local_bytes(sharder, (B, K, H // K, b, b),
                                  ("batch", "kv_heads", None, None, None),
                                  jnp.float32)
-  layer = 3 * x + 2 * q + 2 * kv + 3 * mlp + attention
+  layer = 3 * x + 2 * q + 2 * kv + mlp + attention
   chunk = min(cfg.logprob_chunk, T)
   logits = 3 * _local_bytes(sharder, (B, chunk, V), ("batch", None, "vocab"),
                             jnp.float32)
@@ -376,7 +392,8 @@ def main_job_functions(config: Any, sharder: Sharder
   rl = to_dataclass(RLConfig, config.rl, "rl")
   sampler = to_dataclass(SamplerConfig, config.sampler, "sampler")
   learner = Learner(model, rl, sharder, cache_len=sampler.cache_len)
-  engine = make_engine(model, sampler, sharder)
+  engine = make_engine(model, sampler, sharder,
+                       record_experts=rl.routing_replay)
   return {**learner.aot_functions(),
           **engine.aot_functions(sampler.steps_per_call,
                                  repetition.device_rule(sampler.repeat))}

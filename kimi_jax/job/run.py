@@ -158,7 +158,8 @@ def build(cfg: ExperimentConfig, workdir: str) -> Job:
                                      stage2_source=stage2_file,
                                      vision=cfg.model.vision)
               if cfg.sft.steps > 0 else None)
-  sampler = make_sampler(cfg.model, cfg.sampler, sharder)
+  sampler = make_sampler(cfg.model, cfg.sampler, sharder,
+                         record_experts=cfg.rl.routing_replay)
   learner = Learner(cfg.model, cfg.rl, sharder,
                     cache_len=cfg.sampler.cache_len)
   # Held-out evaluation always uses the task's own verifier; RL may score

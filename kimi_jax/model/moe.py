@@ -31,6 +31,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jax.sharding import PartitionSpec
+
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sharding import Sharder, constrain
 
@@ -154,25 +156,80 @@ def moe_mlp(h_BxTxD: jax.Array, lp: Params, cfg: ModelConfig,
   """The MoE block on normed hidden states: its output and `Trace`.
 
   valid_BxT: tokens that count in the load-balancing statistics (None:
-  all). experts_BxTxK: replay these choices instead of the top k."""
+  all). experts_BxTxK: replay these choices instead of the top k.
+
+  On a mesh the block runs in `jax.shard_map` over the token axes (batch,
+  and the sequence under context parallelism): each shard routes, sorts
+  and multiplies its own tokens' copies against the whole expert weights
+  (gathered one layer at a time), so no sort or gather ever spans the
+  global batch; the statistics are summed over the shards. A batch that
+  does not divide over the batch axes (a small prefill) runs unsplit."""
+  B, T, D = h_BxTxD.shape
+  valid_BxT = (jnp.ones((B, T), bool) if valid_BxT is None else valid_BxT)
+  weights = {k: lp[k] for k in MOE_PARAMS}
+  replay = experts_BxTxK is not None
+  batch = _token_axes(sharder, "batch", B)
+  length = _token_axes(sharder, "act_length", T)
+  token_axes = batch + length
+
+  def local(h, w, valid, experts):
+    out, trace = _moe_tokens(h, w, cfg, valid, experts if replay else None)
+    if token_axes:
+      trace = trace._replace(
+          counts_E=jax.lax.psum(trace.counts_E, token_axes),
+          prob_sum_E=jax.lax.psum(trace.prob_sum_E, token_axes),
+          n_valid=jax.lax.psum(trace.n_valid, token_axes))
+    return out, trace
+
+  experts = experts_BxTxK if replay else jnp.zeros((B, T, 1), jnp.int32)
+  if not token_axes:
+    out, trace = local(h_BxTxD, weights, valid_BxT, experts)
+  else:
+    tok = PartitionSpec(_part(batch), _part(length))
+    tok3 = PartitionSpec(_part(batch), _part(length), None)
+    rep = PartitionSpec()
+    out, trace = jax.shard_map(
+        local, mesh=sharder.mesh,
+        in_specs=(tok3, {k: rep for k in weights}, tok, tok3),
+        out_specs=(tok3, Trace(tok3, rep, rep, rep)))(
+            h_BxTxD, weights, valid_BxT, experts)
+  out = constrain(sharder, out, ("batch", "act_length", "act_embed"))
+  return out, trace
+
+
+def _token_axes(sharder: Sharder | None, name: str, dim: int
+                ) -> tuple[str, ...]:
+  """The mesh axes logical axis `name` (of size dim) splits over: none
+  without a mesh, or when dim does not divide over them."""
+  if sharder is None:
+    return ()
+  axes = tuple(sharder.rule_map.get(name, ()))
+  axes = tuple(a for a in axes if sharder.mesh.shape[a] > 1)
+  return axes if axes and dim % sharder.axis_size(axes) == 0 else ()
+
+
+def _part(axes: tuple[str, ...]):
+  return (axes if len(axes) > 1 else axes[0]) if axes else None
+
+
+def _moe_tokens(h_BxTxD, w: Params, cfg: ModelConfig, valid_BxT,
+                experts_BxTxK) -> tuple[jax.Array, Trace]:
+  """`moe_mlp` of the tokens at hand (one shard's, on a mesh)."""
   B, T, D = h_BxTxD.shape
   K = cfg.n_experts_per_token
   h_NxD = h_BxTxD.reshape(B * T, D)
   experts_NxK, gates_NxK, probs_NxE = route(
-      h_NxD, lp["router"], cfg,
+      h_NxD, w["router"], cfg,
       None if experts_BxTxK is None else experts_BxTxK.reshape(B * T, K))
-  out = grouped_experts(h_NxD, experts_NxK, gates_NxK, lp, cfg)
-  out = constrain(sharder, out.reshape(B, T, D),
-                  ("batch", "act_length", "act_embed"))
-  w_N = (jnp.ones((B * T,), jnp.float32) if valid_BxT is None else
-         valid_BxT.reshape(-1).astype(jnp.float32))
+  out = grouped_experts(h_NxD, experts_NxK, gates_NxK, w, cfg)
+  w_N = valid_BxT.reshape(-1).astype(jnp.float32)
   counts_E = jnp.zeros((cfg.n_experts,), jnp.float32).at[
       experts_NxK.reshape(-1)].add(jnp.repeat(w_N, K))
   trace = Trace(experts_BxTxK=experts_NxK.reshape(B, T, K),
                 counts_E=counts_E,
                 prob_sum_E=jnp.sum(probs_NxE * w_N[:, None], axis=0),
                 n_valid=jnp.sum(w_N))
-  return out, trace
+  return out.reshape(B, T, D), trace
 
 
 def empty_trace(cfg: ModelConfig, B: int, T: int) -> Trace:
@@ -234,6 +291,21 @@ def moe_traces(cfg: ModelConfig, per_layer: Trace) -> Trace:
 def experts_BxTxLxK(trace: Trace) -> jax.Array:
   """A stacked trace's choices, token-major (B x T x Lm x K)."""
   return jnp.moveaxis(trace.experts_BxTxK, 0, 2)
+
+
+def expert_id_dtype(n_experts: int):
+  """The narrowest integer type that holds expert ids 0..n_experts-1 (what
+  routing replay records per token: int8 up to 128 experts, else int16)."""
+  if not 0 < n_experts <= 32768:
+    raise ValueError(f"routing replay records expert ids as int8/int16: "
+                     f"model.n_experts must be in [1, 32768], got {n_experts}")
+  return jnp.int8 if n_experts <= 128 else jnp.int16
+
+
+def replay_record(cfg: ModelConfig) -> tuple[int, int, Any]:
+  """(Lm, K, id dtype): what routing replay records per token of `cfg`."""
+  return (len(cfg.moe_layers), cfg.n_experts_per_token,
+          jnp.dtype(expert_id_dtype(cfg.n_experts)))
 
 
 def load_balancing_loss(trace: Trace, cfg: ModelConfig) -> jax.Array:

@@ -23,11 +23,16 @@ Shapes are bucketed so jitted steps compile a bounded number of times: T is
 the smallest `len_buckets` entry that fits the minibatch's longest sequence,
 R the smallest `row_buckets` entry that fits its rows, P a multiple of the
 minibatch (padding prompts own no tokens and have `valid_P = 0`).
+
+Routing replay (an MoE policy, rl.routing_replay): trajectories that carry
+the sampler's experts put them in `rows.experts_RxTxLxK`, one entry per
+model input (padding entries are expert 0 and never reach a real token), so
+the reference pass and the train step route every token as the sampler did.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import flax.struct
 import jax
@@ -153,12 +158,19 @@ class ImageInputs(NamedTuple):
 
 
 def empty_minibatch(P: int, K: int, R: int, T: int, pad_id: int,
-                    images: ImageSlots | None = None) -> Minibatch:
+                    images: ImageSlots | None = None,
+                    experts: tuple[int, int, Any] | None = None
+                    ) -> Minibatch:
   """The arrays of one minibatch, all padding: R x T rows, P x K per
   response, P per prompt. Real minibatches fill these in. With `images`
-  the rows carry empty image slots."""
+  the rows carry empty image slots; with `experts` ((Lm, K, id dtype),
+  `moe.replay_record`) an R x T x Lm x K routing replay."""
+  rows = empty_rows(R, T, pad_id, images)
+  if experts is not None:
+    Lm, Ke, dtype = experts
+    rows = rows.replace(experts_RxTxLxK=np.zeros((R, T, Lm, Ke), dtype))
   return Minibatch(
-      rows=empty_rows(R, T, pad_id, images),
+      rows=rows,
       seq_RxT=np.full((R, T), P * K, np.int32),
       lengths_PxK=np.zeros((P, K), np.int32),
       valid_P=np.zeros((P,), np.float32),
@@ -172,14 +184,18 @@ def empty_minibatch(P: int, K: int, R: int, T: int, pad_id: int,
 
 
 def abstract_minibatch(P: int, K: int, R: int, T: int,
-                       images: ImageSlots | None = None) -> Minibatch:
+                       images: ImageSlots | None = None,
+                       experts: tuple[int, int, Any] | None = None
+                       ) -> Minibatch:
   """A minibatch's shapes and dtypes (ShapeDtypeStructs), by the suffix of
   each field's name, without allocating it (ahead-of-time compiles)."""
   dims = {"RxT": (R, T), "PxK": (P, K), "P": (P,)}
   if images is not None:
     dims.update(BxI=(R, images.slots),
                 BxIxHxWxC=(R, images.slots) + tuple(images.like))
-  like = empty_minibatch(P, K, 1, 1, 0, images)
+  if experts is not None:
+    dims.update(RxTxLxK=(R, T) + tuple(experts[:2]))
+  like = empty_minibatch(P, K, 1, 1, 0, images, experts)
   return jax.tree_util.tree_map_with_path(
       lambda path, x: jax.ShapeDtypeStruct(
           dims[str(path[-1].name).rsplit("_", 1)[1]], x.dtype), like)
@@ -216,7 +232,8 @@ def packed_minibatch(groups: list[replay_buffer.Group],
       image_slots=0 if images is None else images.slots.slots)
   R = bucket_length(len(layout), rows) if layout else rows[0]
   out = empty_minibatch(pad_prompts_to, K, R, T, pad_id,
-                        None if images is None else images.slots)
+                        None if images is None else images.slots,
+                        _replay_record(seqs))
   rows_ = out.rows
   out.valid_P[:len(groups)] = 1.0
   for r, members in enumerate(layout):
@@ -231,6 +248,8 @@ def packed_minibatch(groups: list[replay_buffer.Group],
       rows_.targets_RxT[r, span] = seq[1:]
       rows_.positions_RxT[r, span] = np.arange(m)
       rows_.segment_ids_RxT[r, span] = segment
+      if rows_.experts_RxTxLxK is not None:
+        rows_.experts_RxTxLxK[r, span] = traj.experts
       out.seq_RxT[r, span] = p * K + j
       versions = traj.token_versions()
       resp_mask = replay_buffer.loss_mask(versions, version,
@@ -245,6 +264,28 @@ def packed_minibatch(groups: list[replay_buffer.Group],
       out.sampler_seq_logp_PxK[p, j] = float(np.sum(logprobs[resp_mask]))
       col += m
   return out
+
+
+def _replay_record(seqs) -> tuple[int, int, Any] | None:
+  """(Lm, K, dtype) of the routing replay the sequences' trajectories
+  carry, checked to cover every model input; None when none carries one."""
+  have = [traj.experts is not None for _, _, _, traj in seqs]
+  if not any(have):
+    return None
+  shape = dtype = None
+  for _, _, seq, traj in seqs:
+    where = f"response {traj.sample_index} of group {traj.group_id}"
+    if traj.experts is None:
+      raise ValueError(f"routing replay: {where} carries no experts while "
+                       f"others do (every segment of a run with "
+                       f"rl.routing_replay records them)")
+    x = traj.experts
+    if len(x) != len(seq) - 1 or shape not in (None, x.shape[1:]):
+      raise ValueError(f"routing replay: {where} holds experts of shape "
+                       f"{x.shape}, want ({len(seq) - 1}, Lm, K) for its "
+                       f"{len(seq)} prompt and response tokens")
+    shape, dtype = x.shape[1:], x.dtype
+  return shape + (dtype,)
 
 
 def with_scores(minibatches: list[Minibatch], members: list[list[int]], *,

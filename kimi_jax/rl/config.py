@@ -68,6 +68,11 @@ class RLConfig(AdamWConfig):
   # Standard benchmarks ("NAME=FILE", docs/evaluation.md) sampled at every
   # held-out evaluation; their pass@1 is logged as stage "benchmarks".
   eval_benchmarks: tuple[str, ...] = ()
+  # Routing replay (an MoE policy only): the sampler records the experts
+  # every token went to, and the reference pass and the train step route
+  # each token to those experts instead of choosing again, so the trained
+  # log-prob is that of the sampled computation (docs/rl.md).
+  routing_replay: bool = False
 
   def __post_init__(self):
     def bad(key, msg):

@@ -42,7 +42,7 @@ import jax
 import numpy as np
 
 from kimi_jax import train_step as ts
-from kimi_jax.model import transformer
+from kimi_jax.model import moe, transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.rl import batching, trainer
 from kimi_jax.rl.batching import Minibatch
@@ -64,6 +64,10 @@ class Learner:
 
   def __init__(self, model: ModelConfig, rl: RLConfig, sharder: Sharder, *,
                cache_len: int, compiler_options: dict[str, str] | None = None):
+    if rl.routing_replay and not model.n_experts:
+      raise ValueError("config.rl.routing_replay is set but the model is "
+                       "dense (config.model.n_experts is 0): there are no "
+                       "experts to replay")
     # None: the backend's train-step options (kimi_jax.infra.compile_options).
     self.compiler_options = compiler_options
     self.model = model
@@ -131,8 +135,9 @@ class Learner:
     P, K, R = rl.minibatch_prompts, rl.samples_per_prompt, self.row_buckets[-1]
 
     def minibatch(T: int) -> Minibatch:
-      like = batching.abstract_minibatch(P, K, R, T,
-                                         image_slots(model.vision))
+      like = batching.abstract_minibatch(
+          P, K, R, T, image_slots(model.vision),
+          moe.replay_record(model) if rl.routing_replay else None)
       return abstract_arrays(like, batch_shardings(self.sharder, like))
 
     out = {}

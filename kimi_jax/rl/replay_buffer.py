@@ -20,12 +20,21 @@ Per iteration i the loop does:
   for group in buffer.complete_groups():
     ... score, length reward on traj.length, mask with loss_mask(...) ...
 
-Everything is plain Python / numpy; `state_dict()` is JSON data and restores
-exactly.
+Routing replay (an MoE policy, rl.routing_replay): a trajectory also holds
+the experts every model input of prompt + response (all but the last token)
+went to in the sampler, each segment's replacing the last's. A continued
+segment re-prefills the prompt and the earlier segments under the current
+policy, and its tokens were sampled over that prefill's routing, so the
+newest record is the one under which the newest tokens' log-probs were
+computed (docs/rl.md, "Routing replay").
+
+Everything is plain Python / numpy; `state_dict()` is JSON data (the expert
+ids as base64 of their bytes) and restores exactly.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -54,6 +63,8 @@ class Trajectory:
   waited: how many times it was carried over to a later iteration.
   finish_reason: None while unfinished; otherwise the caller's reason
     ("stop", "max_length", "repeat", ...) or "budget_exhausted".
+  experts: routing replay's record, (len(prompt) + length - 1) x Lm x K
+    expert ids of the latest segment (see the module doc); None without.
   """
 
   group_id: int
@@ -64,6 +75,8 @@ class Trajectory:
   segments: tuple[Segment, ...] = ()
   waited: int = 0
   finish_reason: str | None = None
+  experts: np.ndarray | None = dataclasses.field(default=None, compare=False,
+                                                 repr=False)
 
   @property
   def finished(self) -> bool:
@@ -174,12 +187,15 @@ class RolloutBuffer:
 
   def add_segment(self, group_id: int, sample_index: int,
                   tokens: Sequence[int], logprobs: Sequence[float], *,
-                  version: int, finish_reason: str | None) -> Trajectory:
+                  version: int, finish_reason: str | None,
+                  experts: np.ndarray | None = None) -> Trajectory:
     """Appends what policy `version` generated for one response.
 
     finish_reason=None means the output budget stopped it: it is carried
     over, unless it has already been carried `max_wait_iterations` times, in
-    which case it is finished with "budget_exhausted". Returns the updated
+    which case it is finished with "budget_exhausted". experts: the
+    segment's routing record (prompt and the whole response but its last
+    token), which replaces the trajectory's. Returns the updated
     trajectory.
     """
     if group_id not in self._groups:
@@ -201,6 +217,13 @@ class RolloutBuffer:
     if finish_reason == BUDGET_EXHAUSTED:
       raise ValueError(f"finish reason {BUDGET_EXHAUSTED!r} is set by the "
                        "buffer only")
+    if experts is not None:
+      experts = np.asarray(experts)
+      if experts.ndim != 3 or len(experts) < traj.length + len(tokens) - 1:
+        raise ValueError(f"response {sample_index} of group {group_id}: "
+                         f"experts of shape {experts.shape} do not cover "
+                         f"its {traj.length + len(tokens)} tokens (want "
+                         f"prompt + response - 1 rows of Lm x K)")
     waited = traj.waited
     if finish_reason is None:
       if waited >= self.max_wait_iterations:
@@ -216,7 +239,7 @@ class RolloutBuffer:
         logprobs=traj.logprobs + tuple(float(x) for x in logprobs),
         segments=traj.segments + (Segment(start, start + len(tokens),
                                           int(version)),),
-        waited=waited, finish_reason=finish_reason)
+        waited=waited, finish_reason=finish_reason, experts=experts)
     group[sample_index] = traj
     self._stats["segments"] += 1
     return traj
@@ -271,11 +294,23 @@ def _zero_stats() -> dict[str, int]:
 
 
 def _traj_to_json(t: Trajectory) -> dict[str, Any]:
-  return {"group_id": t.group_id, "sample_index": t.sample_index,
-          "prompt_index": t.prompt_index, "tokens": list(t.tokens),
-          "logprobs": list(t.logprobs),
-          "segments": [list(s) for s in t.segments], "waited": t.waited,
-          "finish_reason": t.finish_reason}
+  out = {"group_id": t.group_id, "sample_index": t.sample_index,
+         "prompt_index": t.prompt_index, "tokens": list(t.tokens),
+         "logprobs": list(t.logprobs),
+         "segments": [list(s) for s in t.segments], "waited": t.waited,
+         "finish_reason": t.finish_reason}
+  if t.experts is not None:
+    x = np.ascontiguousarray(t.experts)
+    out["experts"] = {"dtype": x.dtype.str, "shape": list(x.shape),
+                      "base64": base64.b64encode(x.tobytes()).decode("ascii")}
+  return out
+
+
+def _experts_from_json(d: Mapping[str, Any] | None) -> np.ndarray | None:
+  if d is None:
+    return None
+  x = np.frombuffer(base64.b64decode(d["base64"]), np.dtype(d["dtype"]))
+  return x.reshape(tuple(int(n) for n in d["shape"])).copy()
 
 
 def _traj_from_json(d: Mapping[str, Any]) -> Trajectory:
@@ -285,4 +320,5 @@ def _traj_from_json(d: Mapping[str, Any]) -> Trajectory:
       tokens=tuple(int(x) for x in d["tokens"]),
       logprobs=tuple(float(x) for x in d["logprobs"]),
       segments=tuple(Segment(*(int(v) for v in s)) for s in d["segments"]),
-      waited=int(d["waited"]), finish_reason=d["finish_reason"])
+      waited=int(d["waited"]), finish_reason=d["finish_reason"],
+      experts=_experts_from_json(d.get("experts")))

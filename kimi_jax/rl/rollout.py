@@ -94,7 +94,7 @@ def record_results(buffer: replay_buffer.RolloutBuffer,
     buffer.add_segment(
         group_id, sample_index, res.tokens, res.logprobs, version=version,
         finish_reason=None if res.finish_reason == "budget" else
-        res.finish_reason)
+        res.finish_reason, experts=res.experts)
   return counts
 
 

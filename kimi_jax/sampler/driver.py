@@ -15,7 +15,11 @@ When several hold at the same token the first in the list above wins, with
 "repeat" before "budget" (a looping response is not worth continuing).
 
 `SampleResult.tokens` are G only; `logprobs` are log pi_theta of each token
-of G under the untempered model (see `sampling`).
+of G under the untempered model (see `sampling`). An engine that records
+experts (routing replay) also gives `SampleResult.experts`: the experts
+every model input of prompt + P + G (all but the last token) went to, each
+as the last forward pass that read it routed it: a prefill for the prompt
+and P, a decode step for each token of G.
 
 With a paged engine whose pool holds fewer pages than every slot at full
 length (`EngineConfig.kv_pages`), a request is admitted only while the pool
@@ -80,6 +84,10 @@ class SampleResult:
   tokens: tuple[int, ...]
   logprobs: tuple[float, ...]
   finish_reason: str
+  # Routing replay: (len(prompt + prefix + tokens) - 1) x Lm x K expert
+  # ids (see the module doc); None when the engine records none.
+  experts: np.ndarray | None = dataclasses.field(default=None,
+                                                 compare=False)
 
 
 def continuation(request: SampleRequest, result: SampleResult,
@@ -190,7 +198,8 @@ class SamplerStats:
 class _Slots:
   """Host bookkeeping of every slot, as numpy arrays."""
 
-  def __init__(self, n_slots: int, width: int, n_stop: int):
+  def __init__(self, n_slots: int, width: int, n_stop: int,
+               experts: tuple[int, int, Any] | None = None):
     self.request = np.full((n_slots,), -1, np.int64)  # -1: free
     self.response = np.zeros((n_slots, width), np.int64)  # prefix + new
     self.logprobs = np.zeros((n_slots, width), np.float32)
@@ -203,6 +212,13 @@ class _Slots:
     self.first_pending = np.zeros((n_slots,), bool)
     self.admitted_at = np.zeros((n_slots,), np.int64)  # admission order
     self._admissions = 0
+    # Routing replay: the experts of each slot's model inputs, prompt
+    # included (Lm x K per token; `width` bounds prompt + response).
+    self.n_prompt = np.zeros((n_slots,), np.int64)
+    self.experts = None
+    if experts is not None:
+      Lm, K, dtype = experts
+      self.experts = np.zeros((n_slots, width, Lm, K), dtype)
 
   def admit(self, slot: int, index: int, req: SampleRequest,
             budget_cap: int | None = None) -> None:
@@ -210,6 +226,7 @@ class _Slots:
     self._admissions += 1
     self.admitted_at[slot] = self._admissions
     self.n_prefix[slot] = len(req.prefix)
+    self.n_prompt[slot] = len(req.prompt)
     self.n_new[slot] = 0
     self.response[slot, :len(req.prefix)] = req.prefix
     self.stop[slot] = -1
@@ -219,10 +236,22 @@ class _Slots:
         req.max_new_tokens if req.budget is None else req.budget,
         budget_cap or req.max_new_tokens)
 
+  def set_prefill_experts(self, slots: np.ndarray,
+                          experts_NxTxLxK: np.ndarray) -> None:
+    """Row i of a prefill's experts for slots[i]'s prompt and prefix."""
+    for i, slot in enumerate(slots):
+      n = self.n_prompt[slot] + self.n_prefix[slot]
+      self.experts[slot, :n] = experts_NxTxLxK[i, :n]
+
   def append(self, slots: np.ndarray, tokens: np.ndarray,
-             logprobs: np.ndarray, repeat: RepeatConfig) -> np.ndarray:
-    """Adds one token to each of `slots`; returns their finish codes."""
+             logprobs: np.ndarray, repeat: RepeatConfig,
+             experts: np.ndarray | None = None) -> np.ndarray:
+    """Adds one token to each of `slots`; returns their finish codes.
+    experts: the decode step's experts of each slot's input token (the
+    token before this one)."""
     total = self.n_prefix[slots] + self.n_new[slots]
+    if experts is not None and self.experts is not None:
+      self.experts[slots, self.n_prompt[slots] + total - 1] = experts
     self.response[slots, total] = tokens
     self.logprobs[slots, total] = logprobs
     self.n_new[slots] += 1
@@ -255,12 +284,21 @@ class _Slots:
     lo, hi = self.n_prefix[slot], self.n_prefix[slot] + self.n_new[slot]
     return self.response[slot, lo:hi], self.logprobs[slot, lo:hi]
 
+  def inputs_experts(self, slot: int) -> np.ndarray | None:
+    """The experts of the slot's model inputs so far (prompt, prefix and
+    every generated token but the last); None when none are recorded."""
+    if self.experts is None:
+      return None
+    n = self.n_prompt[slot] + self.n_prefix[slot] + self.n_new[slot] - 1
+    return self.experts[slot, :n].copy()
+
   def result(self, slot: int, req: SampleRequest, code: int) -> SampleResult:
     tokens, logprobs = self.generated(slot)
     return SampleResult(
         id=req.id, tokens=tuple(int(t) for t in tokens),
         logprobs=tuple(float(x) for x in logprobs),
-        finish_reason=FINISH_REASONS[code - 1])
+        finish_reason=FINISH_REASONS[code - 1],
+        experts=self.inputs_experts(slot))
 
 
 def admission_groups(lengths: Sequence[int], bucket_for, max_batch: int
@@ -347,9 +385,10 @@ class Sampler:
     # What each request runs as now: the request itself, or after a
     # preemption its continuation; `carried` holds the preempted parts.
     requests, given = list(requests), requests
-    carried: dict[int, tuple[tuple, tuple]] = {}
+    carried: dict[int, tuple[tuple, tuple, Any]] = {}
     slots = _Slots(engine.max_concurrent_decodes, engine.cache_len,
-                   max([len(r.stop_tokens) for r in requests] + [1]))
+                   max([len(r.stop_tokens) for r in requests] + [1]),
+                   engine.expert_record)
     results: list[SampleResult | None] = [None] * len(requests)
     pending = collections.deque(range(len(requests)))
     state = self._take_state() if requests else None
@@ -378,12 +417,12 @@ class Sampler:
       state, n_out = self._make_room(state, slots, requests, pending,
                                      carried)
       preemptions += n_out
-      state, tokens_NxB, logprobs_NxB, firsts, rows = self._decode_call(
-          decode_params, state, slots, late, watch_steps)
+      state, tokens_NxB, logprobs_NxB, experts, firsts, rows = \
+          self._decode_call(decode_params, state, slots, late, watch_steps)
       calls += 1
       done_B, n_steps, n_kept = self._harvest(
           late, firsts, tokens_NxB, logprobs_NxB, rows, requests, slots,
-          results)
+          results, experts)
       late = []
       steps += n_steps
       kept += n_kept
@@ -479,9 +518,12 @@ class Sampler:
     i = int(slots.request[slot])
     tokens, logprobs = slots.generated(slot)
     tokens = tuple(int(t) for t in tokens)
-    before = carried.get(i, ((), ()))
+    before = carried.get(i, ((), (), None))
+    # The resumed part's prefill routes everything before it again; these
+    # experts stand only if it never resumes.
     carried[i] = (before[0] + tokens,
-                  before[1] + tuple(float(x) for x in logprobs))
+                  before[1] + tuple(float(x) for x in logprobs),
+                  slots.inputs_experts(slot))
     requests[i] = dataclasses.replace(
         requests[i], prefix=requests[i].prefix + tokens,
         budget=int(slots.budget[slot] - slots.n_new[slot]))
@@ -497,13 +539,14 @@ class Sampler:
 
   def _decode_call(self, decode_params, state: DecodeState, slots: _Slots,
                    late: list[_Late], watch_steps: int
-                   ) -> tuple[DecodeState, np.ndarray, np.ndarray, list, int]:
+                   ) -> tuple[DecodeState, np.ndarray, np.ndarray,
+                              np.ndarray | None, list, int]:
     """One jitted call of up to `steps_per_call` decode steps, ended at the
     first finish within `watch_steps` steps when that is positive.
 
-    Returns (state, tokens N x B, log-probs N x B, the `late` groups' first
-    tokens and log-probs, the steps the call ran), all read in one host
-    round trip.
+    Returns (state, tokens N x B, log-probs N x B, experts N x B x Lm x K
+    or None, the `late` groups' first tokens, log-probs and prefill
+    experts, the steps the call ran), all read in one host round trip.
     """
     rows = self.steps_per_call
     watch = FinishWatch.off(len(slots.request),
@@ -513,31 +556,32 @@ class Sampler:
         watch = self._watch(slots, watch_steps)
       else:  # the device could miss a finish: one step per call
         rows = 1
-    state, tokens_NxB, logprobs_NxB = self.engine.generate(
+    state, tokens_NxB, logprobs_NxB, experts = self.engine.traced_generate(
         decode_params, state, self.steps_per_call,
         steps_left=np.minimum(slots.steps_left(), rows),
         stop_tokens=slots.stop, watch=watch)
     # One host read per call: the decode output and the first tokens of
     # the rounds admitted before it.
-    tokens_NxB, logprobs_NxB, firsts = jax.device_get(
-        (tokens_NxB, logprobs_NxB, [(x.prefix.token, x.prefix.logprob)
-                                    for x in late]))
+    tokens_NxB, logprobs_NxB, experts, firsts = jax.device_get(
+        (tokens_NxB, logprobs_NxB, experts, [_firsts(x.prefix)
+                                             for x in late]))
     rows = min(rows, int(np.sum(tokens_NxB[:, 0] >= 0)))  # steps it ran
-    return state, tokens_NxB, logprobs_NxB, firsts, rows
+    return state, tokens_NxB, logprobs_NxB, experts, firsts, rows
 
   def _harvest(self, late: list[_Late], firsts: list,
                tokens_NxB: np.ndarray, logprobs_NxB: np.ndarray, rows: int,
                requests: Sequence[SampleRequest], slots: _Slots,
-               results: list) -> tuple[np.ndarray, int, int]:
+               results: list, experts_NxBxLxK: np.ndarray | None = None
+               ) -> tuple[np.ndarray, int, int]:
     """Appends one call's output to the slots (the `late` groups' first
     tokens, then `rows` decode steps) and finishes the requests it ends.
 
     Returns (which slots finished, decode steps taken, tokens kept).
     """
     done_B = np.zeros((len(slots.request),), bool)
-    for x, (token_N, logprob_N) in zip(late, firsts):
-      done_B[x.slots] = self._first_tokens(x.slots, token_N, logprob_N,
-                                           requests, slots, results)
+    for x, first in zip(late, firsts):
+      done_B[x.slots] = self._first_tokens(x.slots, *first, requests, slots,
+                                           results)
     steps = kept = 0
     for n in range(rows):
       live = np.flatnonzero(slots.request >= 0)
@@ -545,8 +589,9 @@ class Sampler:
         break
       steps += 1
       kept += len(live)
-      codes = slots.append(live, tokens_NxB[n, live], logprobs_NxB[n, live],
-                           self.repeat)
+      codes = slots.append(
+          live, tokens_NxB[n, live], logprobs_NxB[n, live], self.repeat,
+          None if experts_NxBxLxK is None else experts_NxBxLxK[n, live])
       for slot, code in zip(live[codes > 0], codes[codes > 0]):
         i = slots.request[slot]
         results[i] = slots.result(slot, requests[i], code)
@@ -600,11 +645,10 @@ class Sampler:
         state = engine.insert_batch(prefix, state, [int(s) for s in slots_g])
         late.append(_Late(slots_g, prefix))
       return state, sum(len(q) for q in seqs), len(taken), late
-    firsts = jax.device_get([(p.token, p.logprob) for p in prefixes])
-    for g, prefix, (token_N, logprob_N) in zip(groups, prefixes, firsts):
+    firsts = jax.device_get([_firsts(p) for p in prefixes])
+    for g, prefix, first in zip(groups, prefixes, firsts):
       slots_g = free[g]
-      done_g = self._first_tokens(slots_g, token_N, logprob_N, requests,
-                                  slots, results)
+      done_g = self._first_tokens(slots_g, *first, requests, slots, results)
       if not done_g.all():
         state = engine.insert_batch(prefix, state, [
             None if done else int(slot)
@@ -662,13 +706,16 @@ class Sampler:
             (self.repeat.enabled and len(req.prefix) + 1 >= self.repeat.times))
 
   def _first_tokens(self, slots_g: np.ndarray, token_N: np.ndarray,
-                    logprob_N: np.ndarray,
+                    logprob_N: np.ndarray, experts_N: np.ndarray | None,
                     requests: Sequence[SampleRequest], slots: _Slots,
                     results: list) -> np.ndarray:
-    """Appends a prefill group's first tokens to its slots and finishes the
-    requests they end; returns which of `slots_g` finished."""
+    """Appends a prefill group's first tokens to its slots (and its
+    experts, when recorded) and finishes the requests they end; returns
+    which of `slots_g` finished."""
     n = len(slots_g)
     slots.first_pending[slots_g] = False
+    if experts_N is not None:
+      slots.set_prefill_experts(slots_g, experts_N)
     codes = slots.append(slots_g, token_N[:n], logprob_N[:n], self.repeat)
     for slot, code in zip(slots_g[codes > 0], codes[codes > 0]):
       i = slots.request[slot]
@@ -682,14 +729,22 @@ def _join_carried(results: list[SampleResult | None], carried: dict,
   """Results of preempted requests with their earlier parts in front; one
   that never resumed (its window closed) ends as a "budget" result."""
   out = list(results)
-  for i, (tokens, logprobs) in carried.items():
+  for i, (tokens, logprobs, experts) in carried.items():
     last = out[i]
     if last is None:
-      out[i] = SampleResult(given[i].id, tokens, logprobs, "budget")
+      out[i] = SampleResult(given[i].id, tokens, logprobs, "budget",
+                            experts)
     else:
       out[i] = dataclasses.replace(last, tokens=tokens + last.tokens,
                                    logprobs=logprobs + last.logprobs)
   return out
+
+
+def _firsts(prefix: Prefix) -> tuple[jax.Array, jax.Array,
+                                      jax.Array | None]:
+  """What the host reads of a prefill: its first tokens, their log-probs
+  and (routing replay) its experts."""
+  return prefix.token, prefix.logprob, prefix.experts
 
 
 def _check_window(window: int | None, min_admit: int) -> None:

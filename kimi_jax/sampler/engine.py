@@ -18,6 +18,11 @@ of per request); the single-request methods are those with one row:
 Every call is one jitted function. The decode state is donated, so the cache
 is updated in place.
 
+Routing replay (`EngineConfig.record_experts`, an MoE model): a prefill also
+returns the experts each of its tokens went to (`Prefix.experts`) and
+`traced_generate` the experts of each decode step's input token, so the
+trainer can route every token as the sampler did (kimi_jax/model/moe.py).
+
 The cache of the full-attention layers is either rows (every slot owns
 `cache_len` entries) or pages (`EngineConfig.page_size` > 0: one pool of
 `kv_pages` pages shared by the slots, taken when a slot needs them and
@@ -49,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kimi_jax.model import decode, transformer
+from kimi_jax.model import decode, moe, transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sampler.pages import HostBook, PageTable, PoolExhausted
 from kimi_jax.sampler.repetition import repeating_on_device
@@ -139,6 +144,8 @@ class EngineConfig:
   kv_pages: int | None = None
   min_view: int = 64
   attention_kernel: str = "xla"
+  # Routing replay: record each token's experts (MoE models only).
+  record_experts: bool = False
 
   def __post_init__(self):
     if self.max_slots < 1:
@@ -260,7 +267,10 @@ class Prefix(NamedTuple):
   sampled token and its log-prob. index: response index of the token after
   `token`. Every field but the caches has a leading N; rows past the real
   sequences are padding. host_length: the real lengths as the host knows
-  them (numpy; not passed to the device).
+  them (numpy; not passed to the device). experts: with
+  `EngineConfig.record_experts`, the experts every prefilled token went to
+  in each MoE layer (N x bucket x Lm x K, `moe.expert_id_dtype`; entries
+  past a row's length are padding); None otherwise.
   """
 
   k: jax.Array
@@ -273,6 +283,7 @@ class Prefix(NamedTuple):
   local_k: jax.Array | None = None
   local_v: jax.Array | None = None
   host_length: np.ndarray | None = None
+  experts: jax.Array | None = None
 
 
 class Engine:
@@ -283,9 +294,15 @@ class Engine:
     if engine_cfg.cache_len > cfg.max_seq_len:
       raise ValueError(f"sampler.cache_len {engine_cfg.cache_len} exceeds "
                        f"model.max_seq_len {cfg.max_seq_len}")
+    if engine_cfg.record_experts and not cfg.n_experts:
+      raise ValueError("routing replay (rl.routing_replay) records experts, "
+                       "but the model is dense (model.n_experts is 0)")
     self.cfg = cfg
     self.engine_cfg = engine_cfg
     self.sharder = sharder
+    self._record = engine_cfg.record_experts
+    self._id_dtype = (moe.expert_id_dtype(cfg.n_experts) if self._record
+                      else None)
     # The TPU kernel's pool layout: keys and values both K x P x page x Dh.
     self._kernel_layout = engine_cfg.attention_kernel != "xla"
     if (self._kernel_layout and cfg.head_dim % 128 and
@@ -329,6 +346,12 @@ class Engine:
   @property
   def cache_len(self) -> int:
     return self.engine_cfg.cache_len
+
+  @property
+  def expert_record(self) -> tuple[int, int, Any] | None:
+    """(Lm, K, id dtype) of the experts each token's record holds with
+    `EngineConfig.record_experts`; None when the engine records none."""
+    return moe.replay_record(self.cfg) if self._record else None
 
   @property
   def max_prefill_len(self) -> int:
@@ -490,6 +513,17 @@ class Engine:
                state: DecodeState, n_steps: int = 1, *, steps_left=None,
                stop_tokens=None, watch: FinishWatch | None = None
                ) -> tuple[DecodeState, jax.Array, jax.Array]:
+    """`traced_generate` without the experts."""
+    return self.traced_generate(params, state, n_steps,
+                                steps_left=steps_left,
+                                stop_tokens=stop_tokens, watch=watch)[:3]
+
+  def traced_generate(self, params: Params | decode.DecodeParams,
+                      state: DecodeState, n_steps: int = 1, *,
+                      steps_left=None, stop_tokens=None,
+                      watch: FinishWatch | None = None
+                      ) -> tuple[DecodeState, jax.Array, jax.Array,
+                                 jax.Array | None]:
     """n_steps decode steps for every slot in one call.
 
     Returns tokens_NxB and logprobs_NxB; rows of free slots are meaningless.
@@ -503,6 +537,10 @@ class Engine:
     runs, or with `watch` after the first step at which a slot finishes (see
     `FinishWatch`); the tokens of steps it did not run are -1. The host
     still applies every finish rule itself.
+
+    Also returns, with `EngineConfig.record_experts`, experts_NxBxLxK: at
+    step n, the experts of slot b's input token (the token sampled before
+    tokens_NxB[n, b]) in each MoE layer; None otherwise.
     """
     if n_steps < 1:
       raise ValueError(f"n_steps must be >= 1, got {n_steps}")
@@ -524,7 +562,7 @@ class Engine:
                        f"times), got {watch.tail_BxW.shape}")
     book = self._book(state)
     view, pages_BxV = self._view_for_call(book, left_B)
-    state, tokens_NxB, logprobs_NxB, lengths_B = self._call(
+    state, tokens_NxB, logprobs_NxB, experts, lengths_B = self._call(
         self._generate_jit, state, params, int(n_steps),
         (watch.ngram, watch.times), view,
         *self._put_slots((left_B, stop_BxW,
@@ -533,7 +571,7 @@ class Engine:
                           np.asarray(watch.first_B, bool)) + pages_BxV),
         jax.device_put(np.int32(watch.steps), self._host_sharding))
     book.after_generate(lengths_B)
-    return state, tokens_NxB, logprobs_NxB
+    return state, tokens_NxB, logprobs_NxB, experts
 
   def _view_for_call(self, book: HostBook, left_B: np.ndarray
                      ) -> tuple[int, tuple[np.ndarray, ...]]:
@@ -664,7 +702,7 @@ class Engine:
       if slot is not None:
         book.set(slot, int(host_N[i]))
     return self._call(self._insert_batch_jit, state,
-                      prefix._replace(host_length=None),
+                      prefix._replace(host_length=None, experts=None),
                       *self._put((slots_N,) + pages))
 
   @staticmethod
@@ -824,9 +862,13 @@ class Engine:
     positions_NxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (N, T))
     segments_NxT = (positions_NxT < lengths_N[:, None]).astype(jnp.int32)
     cache = transformer.init_cache(self.cfg, N, T)
-    x_NxTxD, cache = transformer.hidden_states(
+    x_NxTxD, cache, trace = transformer.traced_hidden_states(
         params, tokens_NxT, positions_NxT, segments_NxT, cfg=self.cfg,
         cache=cache, prefill=True, sharder=self.sharder, images=images)
+    experts = None
+    if self._record:
+      experts = self._replicated(
+          moe.experts_BxTxLxK(trace).astype(self._id_dtype))
     # Logits of each row's last real token only: never N x T x V.
     last_Nx1xD = jnp.take_along_axis(x_NxTxD, (lengths_N - 1)[:, None, None],
                                      axis=1)
@@ -835,7 +877,8 @@ class Engine:
         sample_tokens(last_NxV, sampling_N, first_N, self._never))
     return Prefix(k=cache.k, v=cache.v, length=lengths_N, token=tokens_N,
                   logprob=logprobs_N, index=first_N + 1, sampling=sampling_N,
-                  local_k=cache.local_k, local_v=cache.local_v)
+                  local_k=cache.local_k, local_v=cache.local_v,
+                  experts=experts)
 
   def _insert_batch_fn(self, state: DecodeState, prefix: Prefix, slots_N,
                        pages_NxM=None) -> DecodeState:
@@ -910,7 +953,9 @@ class Engine:
     (`FinishWatch`). Entries of slots not running are 0; rows past the end,
     -1. A step reads `view` entries of each row, or (paged, rest =
     (pages_BxV, watch_steps)) the `view` pages of pages_BxV; otherwise rest
-    = (watch_steps,). Also returns the cache lengths apart, for the host.
+    = (watch_steps,). Also returns the experts of each step's input tokens
+    (n_steps x B x Lm x K; None unless recorded) and the cache lengths
+    apart, for the host.
     """
     pages_BxV = rest[0] if len(rest) == 2 else None
     watch_steps = rest[-1]
@@ -930,6 +975,9 @@ class Engine:
                                           first_B)
     outputs = (jnp.full((n_steps, B), -1, jnp.int32),
                jnp.zeros((n_steps, B), jnp.float32))
+    if self._record:
+      Lm, K = len(self.cfg.moe_layers), self.cfg.n_experts_per_token
+      outputs += (jnp.zeros((n_steps, B, Lm, K), self._id_dtype),)
 
     def go_on(carry):
       i, running_B, finished = carry[0], carry[4], carry[8]
@@ -938,8 +986,9 @@ class Engine:
 
     def step(carry):
       (i, tokens_B, index_B, lengths_B, running_B, left_B, cache,
-       (tokens_NxB, logprobs_NxB), finished, tail_BxW, length_B) = carry
-      logits_Bx1xV, cache = decode.decode_step(
+       outputs, finished, tail_BxW, length_B) = carry
+      tokens_NxB, logprobs_NxB = outputs[:2]
+      logits_Bx1xV, cache, experts_BxLxK = decode.traced_decode_step(
           params, tokens_B, lengths_B, cache, cfg=self.cfg,
           sharder=self.sharder,
           view_len=None if pages_BxV is not None else view,
@@ -949,11 +998,15 @@ class Engine:
       run_B = running_B.astype(jnp.int32)
       stopped_B = jnp.any(stop_BxW == new_B[:, None], axis=1)
       left_B = left_B - run_B
-      outputs = (
+      new_outputs = (
           jax.lax.dynamic_update_index_in_dim(
               tokens_NxB, jnp.where(running_B, new_B, 0), i, 0),
           jax.lax.dynamic_update_index_in_dim(
               logprobs_NxB, jnp.where(running_B, logprobs_B, 0.0), i, 0))
+      if self._record:
+        new_outputs += (jax.lax.dynamic_update_index_in_dim(
+            outputs[2], experts_BxLxK.astype(self._id_dtype), i, 0),)
+      outputs = new_outputs
       still_B = running_B & (left_B > 0) & ~stopped_B
       tail_BxW, length_B = self._with_token(tail_BxW, length_B, new_B,
                                             running_B)
@@ -970,14 +1023,16 @@ class Engine:
              running_B, steps_left_B, cache, outputs, finished, tail_BxW,
              length_B)
     (_, tokens_B, index_B, lengths_B, _, _, cache,
-     (tokens_NxB, logprobs_NxB), *_) = jax.lax.while_loop(go_on, step, carry)
+     outputs, *_) = jax.lax.while_loop(go_on, step, carry)
     state = state._replace(cache=cache, lengths=lengths_B, tokens=tokens_B,
                            index=index_B)
     if self._state_shardings is not None:
       state = jax.lax.with_sharding_constraint(state, self._state_shardings)
     tokens_NxB, logprobs_NxB, lengths_B = self._replicated(
-        (tokens_NxB, logprobs_NxB, lengths_B))
-    return state, tokens_NxB, logprobs_NxB, lengths_B
+        outputs[:2] + (lengths_B,))
+    experts_NxBxLxK = (self._replicated(outputs[2]) if self._record
+                       else None)
+    return state, tokens_NxB, logprobs_NxB, experts_NxBxLxK, lengths_B
 
   @staticmethod
   def _with_token(tail_BxW, length_B, token_B, where_B):

@@ -1,0 +1,91 @@
+"""The real path end to end for the mixture-of-experts experiment
+(experiments/qwen3_30b_a3b.py): a tiny random Qwen3-MoE checkpoint with a
+Qwen3-style tokenizer and thinking chat template (tests/hf_dirs.py, made
+here: no download), the `:cpu_smoke` command as a user runs it (packed SFT,
+RL with routing replay, the export to WORKDIR/hf_export), then
+`launch/sample.py --greedy`, whose continuation must be the one
+transformers' greedy `generate` writes from the export through the same
+chat template."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from tests.hf_dirs import make_family_dir
+from tests.test_real_path import ROOT, _data, _rows, _run, _write_jsonl
+from tests.test_real_path_families import QUESTION, THINKING_ROW
+
+pytestmark = [pytest.mark.slow, pytest.mark.host_inputs]
+
+
+def test_qwen3_moe_cpu_smoke_replays_routing_exports_and_samples(tmp_path):
+  import torch
+  import transformers
+  from kimi_jax.model import families, hf as hf_lib
+  from safetensors.numpy import load_file
+  source = make_family_dir(tmp_path / "hf", "qwen3_moe",
+                           max_position_embeddings=512)
+  data = _data(tmp_path / "data")
+  rows = open(data["sft"]).read().splitlines() + [json.dumps(THINKING_ROW)]
+  _write_jsonl(data["sft"], rows)
+  workdir = str(tmp_path / "run")
+  proc = _run([
+      sys.executable, os.path.join(ROOT, "launch", "tpu_run.py"),
+      "--config", os.path.join(ROOT, "experiments",
+                               "qwen3_30b_a3b.py:cpu_smoke"),
+      "--workdir", workdir, f"--config.init_from_hf={source}",
+      f"--config.task.train_path={data['train']}",
+      f"--config.task.eval_path={data['eval']}",
+      f"--config.sft.train_path={data['sft']}"])
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  assert [r["step"] for r in _rows(workdir, "sft")] == [1, 2]
+  rl = _rows(workdir, "rl")
+  assert [r["step"] for r in rl] == [1, 2]
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = json.load(f)
+  assert config["rl"]["routing_replay"] is True
+  assert config["model"]["n_experts"] == 8
+  # Replayed routing: the trainer's log-probs of this iteration's tokens
+  # are the sampler's up to float rounding.
+  for r in rl:
+    if r.get("logprob_gap_tokens"):
+      assert r["logprob_gap_abs"] < 1e-4, r
+
+  export = os.path.join(workdir, "hf_export")
+  ours, theirs = (hf_lib.model_config_from_hf(p) for p in (export, source))
+  assert families.architecture_of(ours) == families.architecture_of(theirs)
+  assert ours.n_experts == 8 and ours.n_experts_per_token == 2
+  before = load_file(os.path.join(source, "model.safetensors"))
+  after = load_file(os.path.join(export, "model.safetensors"))
+  assert before.keys() == after.keys()
+  assert any(not np.allclose(before[k], after[k]) for k in before)
+
+  out = tmp_path / "samples.json"
+  proc = _run([sys.executable, os.path.join(ROOT, "launch", "sample.py"),
+               "--workdir", workdir, "--prompt", QUESTION, "--greedy",
+               "--max_new_tokens", "12", "--json", str(out)])
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  with open(out) as f:
+    [record] = json.load(f)
+  tok = transformers.PreTrainedTokenizerFast.from_pretrained(export)
+  prompt = tok.apply_chat_template([{"role": "user", "content": QUESTION}],
+                                   add_generation_prompt=True,
+                                   return_dict=False, enable_thinking=True)
+  assert record["prompt_tokens"] == prompt
+  model = transformers.AutoModelForCausalLM.from_pretrained(export).eval()
+  n = len(record["tokens"])
+  assert n > 0
+  with torch.no_grad():
+    generated = model.generate(torch.tensor([prompt]), max_new_tokens=n,
+                               do_sample=False)
+  assert generated[0, len(prompt):].tolist()[:n] == record["tokens"]
+  with torch.no_grad():
+    logits = model(torch.tensor([prompt + record["tokens"]])).logits[0]
+  ref = torch.log_softmax(logits[len(prompt) - 1:-1].double(), -1)[
+      torch.arange(n), torch.tensor(record["tokens"])].numpy()
+  np.testing.assert_allclose(record["logp"], ref, rtol=1e-4, atol=2e-3)
