@@ -320,7 +320,8 @@ class EngineTimer:
   read at once anyway, so only a prefill's or an insert's overlap with the
   host's next steps is lost."""
 
-  KINDS = {"generate": "decode", "prefill_batch": "prefill",
+  # `traced_generate` is the decode call (`generate` goes through it).
+  KINDS = {"traced_generate": "decode", "prefill_batch": "prefill",
            "insert_batch": "insert", "free_slots": "insert"}
 
   def __init__(self, engine: Engine, enabled: bool = True):

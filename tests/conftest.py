@@ -67,6 +67,7 @@ def _no_guard_in_any_thread():
   # global setting.
   jax.config.update("jax_transfer_guard_host_to_device", "allow")
   try:
-    yield
+    with jax.transfer_guard_host_to_device("allow"):  # this thread too
+      yield
   finally:
     jax.config.update("jax_transfer_guard_host_to_device", "disallow")

@@ -66,11 +66,38 @@ def _greedy_sample(workdir: str, path) -> dict:
   return record
 
 
+def check_greedy_against_transformers(record: dict, export: str,
+                                      template_kwargs: dict) -> None:
+  """`launch/sample.py`'s greedy record is transformers' greedy
+  continuation from the export through its chat template, token for token,
+  with each token's log-prob (a random tied-embedding model may repeat one
+  token, whose probability still depends on every layer)."""
+  import torch
+  import transformers
+  # The tokenizer.json as written (see tests/test_real_path.py: the test
+  # BPE is not what AutoTokenizer's per-family classes expect).
+  tok = transformers.PreTrainedTokenizerFast.from_pretrained(export)
+  prompt = tok.apply_chat_template([{"role": "user", "content": QUESTION}],
+                                   add_generation_prompt=True,
+                                   return_dict=False, **template_kwargs)
+  assert record["prompt_tokens"] == prompt
+  model = transformers.AutoModelForCausalLM.from_pretrained(export).eval()
+  n = len(record["tokens"])
+  assert n > 0
+  with torch.no_grad():
+    generated = model.generate(torch.tensor([prompt]), max_new_tokens=n,
+                               do_sample=False)
+  assert generated[0, len(prompt):].tolist()[:n] == record["tokens"]
+  with torch.no_grad():
+    logits = model(torch.tensor([prompt + record["tokens"]])).logits[0]
+  ref = torch.log_softmax(logits[len(prompt) - 1:-1].double(), -1)[
+      torch.arange(n), torch.tensor(record["tokens"])].numpy()
+  np.testing.assert_allclose(record["logp"], ref, rtol=1e-4, atol=2e-3)
+
+
 @pytest.mark.parametrize("name", list(EXPERIMENTS))
 def test_cpu_smoke_trains_exports_and_samples_as_transformers(name,
                                                               tmp_path):
-  import torch
-  import transformers
   from kimi_jax.model import families, hf as hf_lib
   from safetensors.numpy import load_file
   source, workdir, data = _smoke(name, tmp_path)
@@ -99,25 +126,5 @@ def test_cpu_smoke_trains_exports_and_samples_as_transformers(name,
   # launch/sample.py's greedy continuation, through the run's chat
   # template, is transformers' greedy continuation from the export.
   record = _greedy_sample(workdir, tmp_path / "samples.json")
-  # The tokenizer.json as written (see tests/test_real_path.py: the test
-  # BPE is not what AutoTokenizer's per-family classes expect).
-  tok = transformers.PreTrainedTokenizerFast.from_pretrained(export)
-  prompt = tok.apply_chat_template([{"role": "user", "content": QUESTION}],
-                                   add_generation_prompt=True,
-                                   return_dict=False, **EXPERIMENTS[name][1])
-  assert record["prompt_tokens"] == prompt
-  model = transformers.AutoModelForCausalLM.from_pretrained(export).eval()
-  n = len(record["tokens"])
-  assert n > 0
-  with torch.no_grad():
-    generated = model.generate(torch.tensor([prompt]), max_new_tokens=n,
-                               do_sample=False)
-  assert generated[0, len(prompt):].tolist()[:n] == record["tokens"]
   assert record["finish"] in ("stop", "length", "repeat")
-  # And each token's log-prob: a random tied-embedding model (Gemma) may
-  # repeat one token, whose probability still depends on every layer.
-  with torch.no_grad():
-    logits = model(torch.tensor([prompt + record["tokens"]])).logits[0]
-  ref = torch.log_softmax(logits[len(prompt) - 1:-1].double(), -1)[
-      torch.arange(n), torch.tensor(record["tokens"])].numpy()
-  np.testing.assert_allclose(record["logp"], ref, rtol=1e-4, atol=2e-3)
+  check_greedy_against_transformers(record, export, EXPERIMENTS[name][1])

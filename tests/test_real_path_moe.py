@@ -18,14 +18,13 @@ import pytest
 
 from tests.hf_dirs import make_family_dir
 from tests.test_real_path import ROOT, _data, _rows, _run, _write_jsonl
-from tests.test_real_path_families import QUESTION, THINKING_ROW
+from tests.test_real_path_families import (THINKING_ROW, _greedy_sample,
+                                           check_greedy_against_transformers)
 
 pytestmark = [pytest.mark.slow, pytest.mark.host_inputs]
 
 
 def test_qwen3_moe_cpu_smoke_replays_routing_exports_and_samples(tmp_path):
-  import torch
-  import transformers
   from kimi_jax.model import families, hf as hf_lib
   from safetensors.numpy import load_file
   source = make_family_dir(tmp_path / "hf", "qwen3_moe",
@@ -65,27 +64,6 @@ def test_qwen3_moe_cpu_smoke_replays_routing_exports_and_samples(tmp_path):
   assert before.keys() == after.keys()
   assert any(not np.allclose(before[k], after[k]) for k in before)
 
-  out = tmp_path / "samples.json"
-  proc = _run([sys.executable, os.path.join(ROOT, "launch", "sample.py"),
-               "--workdir", workdir, "--prompt", QUESTION, "--greedy",
-               "--max_new_tokens", "12", "--json", str(out)])
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  with open(out) as f:
-    [record] = json.load(f)
-  tok = transformers.PreTrainedTokenizerFast.from_pretrained(export)
-  prompt = tok.apply_chat_template([{"role": "user", "content": QUESTION}],
-                                   add_generation_prompt=True,
-                                   return_dict=False, enable_thinking=True)
-  assert record["prompt_tokens"] == prompt
-  model = transformers.AutoModelForCausalLM.from_pretrained(export).eval()
-  n = len(record["tokens"])
-  assert n > 0
-  with torch.no_grad():
-    generated = model.generate(torch.tensor([prompt]), max_new_tokens=n,
-                               do_sample=False)
-  assert generated[0, len(prompt):].tolist()[:n] == record["tokens"]
-  with torch.no_grad():
-    logits = model(torch.tensor([prompt + record["tokens"]])).logits[0]
-  ref = torch.log_softmax(logits[len(prompt) - 1:-1].double(), -1)[
-      torch.arange(n), torch.tensor(record["tokens"])].numpy()
-  np.testing.assert_allclose(record["logp"], ref, rtol=1e-4, atol=2e-3)
+  record = _greedy_sample(workdir, tmp_path / "samples.json")
+  check_greedy_against_transformers(record, export,
+                                    {"enable_thinking": True})
