@@ -16,6 +16,7 @@ their names, which the task and config checks need.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from kimi_jax.rewards.base import RewardFn
@@ -48,25 +49,21 @@ def _code(executor: Any = None, sandbox_url: str | None = None,
   return CodeReward(executor=executor, **options)
 
 
-def _pointer_chase(**options: Any) -> RewardFn:
-  if options:
-    raise TypeError(f"the pointer_chase reward takes no options, got "
-                    f"{sorted(options)}")
-  return PointerChaseReward()
+def _without_options(name: str, make: Callable[[], RewardFn]
+                     ) -> Callable[..., RewardFn]:
+  """The factory of a reward that takes no options (one is an error)."""
+  def factory(**options: Any) -> RewardFn:
+    if options:
+      raise TypeError(f"the {name} reward takes no options, got "
+                      f"{sorted(options)}")
+    return make()
+  return factory
 
 
-def _reflect(**options: Any) -> RewardFn:
-  if options:
-    raise TypeError(f"the reflect rewards take no options, got "
-                    f"{sorted(options)}")
-  return ReflectReward()
-
-
-def _reflect_steps(**options: Any) -> RewardFn:
-  if options:
-    raise TypeError(f"the reflect rewards take no options, got "
-                    f"{sorted(options)}")
-  return ReflectReward(check_steps=True)
+_pointer_chase = _without_options("pointer_chase", PointerChaseReward)
+_reflect = _without_options("reflect", ReflectReward)
+_reflect_steps = _without_options(
+    "reflect_steps", functools.partial(ReflectReward, check_steps=True))
 
 
 REWARDS: dict[str, Callable[..., RewardFn]] = {
