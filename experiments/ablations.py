@@ -26,6 +26,12 @@ launch/ablate.py (kimi_jax/ablation/). Results: docs/ablations.md.
                     (spelling, with guessable yes/no syllogisms in the raw
                     prompts); the micro variant of every curation ablation
                     is curation's
+  reflect_loss      mirror descent vs ReST (Figure 10) on
+                    experiments/reflect_tiny.py, the task where thinking
+                    longer pays: each run is its whole pipeline, the arms
+                    of a seed share its data and vanilla SFT; its mirror
+                    descent arm is the shipped experiment, so the sweep
+                    also gives that experiment's seeds (Figure 5)
 
 `NAME,micro` (e.g. `experiments/ablations.py:loss,micro`) puts the micro
 experiment (tiny.py:micro, 3 RL iterations; gym_tiny.py:micro for
@@ -45,7 +51,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from experiments import gym_tiny, tiny
+from experiments import gym_tiny, reflect_tiny, tiny
 from kimi_jax.ablation import nest
 
 # RL iterations of every run (tiny.py: 80). The tiny run's held-out pass@1
@@ -148,12 +154,29 @@ ABLATIONS = {
             "excludes as easy to hack; held out: spelling only."),
         experiment="gym_tiny",
         arms=CURATION_ARMS),
+    "reflect_loss": dict(
+        description=(
+            "Report 3.5, Figure 10, on reflect_tiny.py, where responses "
+            "vary in length and checking more candidates pays: mirror "
+            "descent against ReST, which fits the best verified response "
+            "sampled per prompt; both from the shared warm start, same "
+            "learning rate and iterations."),
+        experiment="reflect_tiny",
+        arms={
+            "mirror_descent": {"rl.loss": "mirror_descent"},
+            "rest": {"rl.loss": "rest"},
+        }),
 }
 
 
 def base_config(micro: bool, experiment: str = "tiny"
                 ) -> ml_collections.ConfigDict:
   """The experiment every arm starts from."""
+  if experiment == "reflect_tiny":
+    c = reflect_tiny.get_config("micro" if micro else None)
+    c.log.progress = False
+    c.log.plots = False
+    return c
   if experiment.startswith("gym_tiny"):
     # The shipped pipeline as it is (its own RL length); no per-stage plots.
     # "gym_tiny:VARIANT" names a variant; micro is always gym_tiny's own.

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ABLATIONS = os.path.join(ROOT, "experiments", "ablations.py")
 TINY = os.path.join(ROOT, "experiments", "tiny.py")
 NAMES = ("loss", "sampling", "length_penalty", "partial_segments", "baseline",
-         "curation", "curation_spelling", "curation_guessable")
+         "curation", "curation_spelling", "curation_guessable", "reflect_loss")
 
 
 def _toy(arms=None, **extra) -> ml_collections.ConfigDict:
