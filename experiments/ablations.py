@@ -26,6 +26,11 @@ launch/ablate.py (kimi_jax/ablation/). Results: docs/ablations.md.
                     (spelling, with guessable yes/no syllogisms in the raw
                     prompts); the micro variant of every curation ablation
                     is curation's
+  recipe            experiments/gym_tiny.py as shipped against the report's
+                    recipe as written (the optimizer reset every iteration,
+                    2.3.2; the easy-to-hack step on, 2.1; warm-up rows kept
+                    as sampled under the long-CoT cue rather than the
+                    shortest, 2.2), whole pipeline per arm
   reflect_loss      mirror descent vs ReST (Figure 10) on
                     experiments/reflect_tiny.py, the task where thinking
                     longer pays: each run is its whole pipeline, the arms
@@ -154,6 +159,23 @@ ABLATIONS = {
             "excludes as easy to hack; held out: spelling only."),
         experiment="gym_tiny",
         arms=CURATION_ARMS),
+    "recipe": dict(
+        description=(
+            "gym_tiny.py's departures from the report against its recipe "
+            "as written: Adam's state kept across iterations vs reset at "
+            "each (2.3.2), the easy-to-hack step off vs on (2.1: prompts a "
+            "model answers within N=8 guesses without CoT removed), the "
+            "shortest verified warm-up response per prompt vs the first "
+            "(2.2); validation pass@1 decides the default."),
+        experiment="gym_tiny",
+        arms={
+            "shipped": {"rl.reset_optimizer": False,
+                        "curate.easy_to_hack": False,
+                        "warmup.keep": "shortest"},
+            "report_recipe": {"rl.reset_optimizer": True,
+                              "curate.easy_to_hack": True,
+                              "warmup.keep": "all"},
+        }),
     "reflect_loss": dict(
         description=(
             "Report 3.5, Figure 10, on reflect_tiny.py, where responses "

@@ -16,8 +16,11 @@ skipped, an interrupted one resumes from its own checkpoint. Writes
 WORKDIR/ablation.json (per arm: final held-out pass@1, greedy accuracy,
 mean response tokens, per-iteration curves, mean and std over seeds, the
 paired difference to the first arm) and WORKDIR/ablation.png, and prints a
-markdown table. --aggregate_only skips running and aggregates whatever has
-finished.
+markdown table. Runs that evaluate by difficulty level (reflect_tiny) also
+get per-level results in the JSON, a table per arm and
+WORKDIR/by_difficulty_<arm>.png, pass@1 and response length per level
+through RL (the report's Figure 5). --aggregate_only skips running and
+aggregates whatever has finished.
 
 With more cores, run processes over disjoint seeds (and arms) on the same
 workdir, then aggregate (processes over arms of one seed wait for the
@@ -91,6 +94,11 @@ def main(argv):
   results = ablation_lib.write_results(ablation, workdir, plan)
   print(ablation_lib.markdown_table(
       results, None if _EARLY_STEP.value < 0 else _EARLY_STEP.value))
+  for arm, data in results["arms"].items():
+    if data.get("by_difficulty", {}).get("held_out"):
+      print(f"\n{arm}, held-out by difficulty level (mean ± std over "
+            f"{data['n_seeds']} seeds):")
+      print(ablation_lib.markdown_levels(data["by_difficulty"]))
   print(f"wrote {os.path.join(workdir, ablation_lib.RESULTS)} and "
         f"{os.path.join(workdir, ablation_lib.FIGURE)} "
         f"({time.perf_counter() - t0:.0f} s)")

@@ -20,7 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ABLATIONS = os.path.join(ROOT, "experiments", "ablations.py")
 TINY = os.path.join(ROOT, "experiments", "tiny.py")
 NAMES = ("loss", "sampling", "length_penalty", "partial_segments", "baseline",
-         "curation", "curation_spelling", "curation_guessable", "reflect_loss")
+         "curation", "curation_spelling", "curation_guessable", "recipe",
+         "reflect_loss")
 
 
 def _toy(arms=None, **extra) -> ml_collections.ConfigDict:
@@ -572,3 +573,61 @@ def test_micro_curation_ablation_runs_the_pipeline_per_arm(tmp_path):
   again = _ablate(w, "curation,micro")
   assert "2 finished, 0 to run" in again.stdout
   assert "new run in" not in again.stdout
+
+
+def _levels(p1_by_level, tokens_by_level):
+  return {level: {"pass_at_1": p, "mean_length": n, "n_problems": 5}
+          for (level, p), n in zip(p1_by_level.items(), tokens_by_level)}
+
+
+def test_results_by_difficulty_level_by_hand(tmp_path):
+  """Runs whose evaluations split by level: per level, pass@1 and length
+  before and after RL and the change per seed, mean ± sample std; per-level
+  curves from the evaluation rows; a table easiest level first (10 after
+  2); one Figure-5 plot per arm."""
+  a = ab.parse_ablation(_toy())
+  plan = a.plan(str(tmp_path), 2)
+  by = {(r.arm, r.seed - 10): r.workdir for r in plan}
+  # Level 2: pass@1 0.2 -> 0.5 and 0.4 -> 0.5: changes +0.3 and +0.1, mean
+  # +0.2, std sqrt(2 * 0.1^2) = 0.1414. Level 10: tokens 20 -> 30 and
+  # 20 -> 40: change mean +15, std sqrt(2 * 5^2) = 7.071.
+  for k, (p_before, n_after) in enumerate([(0.2, 30.0), (0.4, 40.0)]):
+    w = by["a", k]
+    _fake_run(w, _evals(0.5, 0.5, 4.0), _evals(0.1, 0.0, 4.0),
+              {1: 0.5}, {0: 0.1, 1: 0.5})
+    with open(os.path.join(w, "summary.json")) as f:
+      summary = json.load(f)
+    summary["warmstart_eval"]["by_difficulty"] = _levels(
+        {"10": 0.1, "2": p_before}, (20.0, 10.0))
+    summary["final_eval"]["by_difficulty"] = _levels(
+        {"10": 0.1, "2": 0.5}, (n_after, 10.0))
+    with open(os.path.join(w, "summary.json"), "w") as f:
+      json.dump(summary, f)
+    with open(os.path.join(w, "metrics.jsonl"), "a") as f:
+      for step, n in ((0, 20.0), (1, n_after)):
+        f.write(json.dumps({"stage": "eval", "step": step, "pass_at_1": 0.1,
+                            "by_difficulty": _levels({"10": 0.1}, (n,))})
+                + "\n")
+  _fake_run(by["b", 0], _evals(0.25, 0.5, 8.0), None, {1: 0.5}, {0: 0.1})
+  res = ab.write_results(a, str(tmp_path), plan)
+  levels = res["arms"]["a"]["by_difficulty"]
+  assert list(levels) == ["held_out"]  # the fake runs have no validation
+  assert list(levels["held_out"]) == ["2", "10"]
+  p2 = levels["held_out"]["2"]["pass_at_1"]
+  assert p2["before"]["mean"] == pytest.approx(0.3)
+  assert p2["change"]["values"] == pytest.approx([0.3, 0.1])
+  assert p2["change"]["std"] == pytest.approx(math.sqrt(0.02))
+  n10 = levels["held_out"]["10"]["mean_length"]
+  assert n10["change"]["mean"] == pytest.approx(15.0)
+  assert n10["change"]["std"] == pytest.approx(math.sqrt(50.0))
+  curve = res["arms"]["a"]["curves"]["eval/level10/mean_length"]
+  assert curve["steps"] == [0, 1]
+  assert curve["mean"] == pytest.approx([20.0, 35.0])
+  assert res["arms"]["b"]["by_difficulty"] is None
+  rows = ab.markdown_levels(levels).splitlines()
+  assert rows[2] == ("| 2 | 0.300 ± 0.141 | 0.500 ± 0.000 | +0.200 ± 0.141 "
+                     "| 10.0 ± 0.0 | 10.0 ± 0.0 | +0.0 ± 0.0 |")
+  assert rows[3].startswith("| 10 | 0.100 ± 0.000 |")
+  assert rows[3].endswith("| 20.0 ± 0.0 | 35.0 ± 7.1 | +15.0 ± 7.1 |")
+  assert (tmp_path / ab.LEVELS_FIGURE.format(arm="a")).stat().st_size > 0
+  assert not (tmp_path / ab.LEVELS_FIGURE.format(arm="b")).exists()

@@ -12,25 +12,32 @@ results aggregated with error bars.
              `write_results` writes them with the figure
   table      `markdown_table`: one row per arm
   figure     `plot`: the curves per arm with a ±1 std band
+  by_difficulty  per-level results and the Figure-5 plot, for runs that
+             evaluate by difficulty level
 """
 
 from kimi_jax.ablation.aggregate import (EVAL_CURVES, FINAL_METRICS,
                                          RL_CURVES, aggregate, mean_std,
                                          read_run, write_results)
+from kimi_jax.ablation.by_difficulty import (aggregate_levels, level_curves,
+                                             markdown_levels, plot_levels,
+                                             run_levels)
 from kimi_jax.ablation.figure import PANELS, VAL_PANEL, plot
-from kimi_jax.ablation.spec import (FIGURE, METRICS, RESULTS, SPEC, SUMMARY,
-                                    TIMING, WARM_START_DIR, Ablation, Run,
-                                    flatten, load_ablation, nest,
-                                    parse_ablation)
+from kimi_jax.ablation.spec import (FIGURE, LEVELS_FIGURE, METRICS, RESULTS,
+                                    SPEC, SUMMARY, TIMING, WARM_START_DIR,
+                                    Ablation, Run, flatten, load_ablation,
+                                    nest, parse_ablation)
 from kimi_jax.ablation.sweep import (RunFn, check_spec, run_sweep,
                                      seed_warm_start)
 from kimi_jax.ablation.table import markdown_table
 
 __all__ = [
-    "EVAL_CURVES", "FIGURE", "FINAL_METRICS", "METRICS", "PANELS",
-    "RESULTS", "RL_CURVES", "SPEC", "SUMMARY", "TIMING", "VAL_PANEL",
-    "WARM_START_DIR", "Ablation", "Run", "RunFn", "aggregate", "check_spec",
-    "flatten", "load_ablation", "markdown_table", "mean_std", "nest",
-    "parse_ablation", "plot", "read_run", "run_sweep", "seed_warm_start",
+    "EVAL_CURVES", "FIGURE", "FINAL_METRICS", "LEVELS_FIGURE", "METRICS",
+    "PANELS", "RESULTS", "RL_CURVES", "SPEC", "SUMMARY", "TIMING",
+    "VAL_PANEL", "WARM_START_DIR", "Ablation", "Run", "RunFn", "aggregate",
+    "aggregate_levels", "check_spec",
+    "flatten", "level_curves", "load_ablation", "markdown_levels",
+    "markdown_table", "mean_std", "nest", "parse_ablation", "plot",
+    "plot_levels", "read_run", "run_levels", "run_sweep", "seed_warm_start",
     "write_results",
 ]

@@ -2,7 +2,9 @@
 sample standard deviation over seeds, per arm, of the final held-out
 metrics and of the per-iteration curves; each arm after the first also gets
 its paired difference to the first, and every arm its gain, final minus
-warm-start held-out pass@1 per seed, mean ± std.
+warm-start held-out pass@1 per seed, mean ± std. Runs whose evaluations
+split by difficulty level also get per-level curves and per-level changes
+(kimi_jax/ablation/by_difficulty.py).
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from kimi_jax.ablation.by_difficulty import (aggregate_levels, level_curves,
+                                             plot_levels, run_levels)
 from kimi_jax.ablation.figure import plot
-from kimi_jax.ablation.spec import (FIGURE, RESULTS, SUMMARY, TIMING,
-                                    Ablation, Run)
+from kimi_jax.ablation.spec import (FIGURE, LEVELS_FIGURE, RESULTS, SUMMARY,
+                                    TIMING, Ablation, Run)
 from kimi_jax.infra.files import write_json
 from kimi_jax.infra.metrics import read_jsonl
 
@@ -60,6 +64,7 @@ def read_run(run: Run, metrics_path: str) -> dict[str, Any]:
       curves[f"{stage}/{key}"] = {
           int(r["step"]): float(r[key]) for r in rows
           if r.get("stage") == stage and isinstance(r.get(key), (int, float))}
+  curves.update(level_curves(rows))
   timing_path = os.path.join(run.workdir, TIMING)
   seconds = None
   if os.path.exists(timing_path):
@@ -70,6 +75,7 @@ def read_run(run: Run, metrics_path: str) -> dict[str, Any]:
           # Runs with a validation set (task.val_path, gym.val_size).
           "final_val": summary.get("final_val"),
           "iterations": summary.get("iterations"), "curves": curves,
+          "levels": run_levels(summary),
           "seconds": seconds}
 
 
@@ -111,6 +117,7 @@ def aggregate(ablation: Ablation, plan: Sequence[Run]) -> dict[str, Any]:
         "curves": {k: _curve([d["curves"][k] for d in data]) for k in keys
                    if all(d["curves"][k] for d in data)},
         "run_seconds": [d["seconds"] for d in data],
+        "by_difficulty": aggregate_levels([d["levels"] for d in data]),
     }
   reference = ablation.arm_names[0]
   for arm in ablation.arm_names[1:]:
@@ -127,9 +134,17 @@ def aggregate(ablation: Ablation, plan: Sequence[Run]) -> dict[str, Any]:
 
 def write_results(ablation: Ablation, workdir: str, plan: Sequence[Run]
                   ) -> dict[str, Any]:
-  """`workdir/ablation.json` and `workdir/ablation.png`; returns the
+  """`workdir/ablation.json` and `workdir/ablation.png` (and, for runs
+  that evaluate by level, one `LEVELS_FIGURE` per arm); returns the
   results."""
   results = aggregate(ablation, plan)
   write_json(os.path.join(workdir, RESULTS), results)
   plot(results, os.path.join(workdir, FIGURE))
+  for arm, data in results["arms"].items():
+    if data.get("by_difficulty"):
+      stage = "val" if "validation" in data["by_difficulty"] else "eval"
+      plot_levels(data["curves"], os.path.join(
+          workdir, LEVELS_FIGURE.format(arm=arm)), stage=stage,
+          title=f"{results['ablation']}, {arm}: mean ± 1 std over "
+          f"{data['n_seeds']} seeds")
   return results

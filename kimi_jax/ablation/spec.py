@@ -25,6 +25,8 @@ SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 RESULTS = "ablation.json"
 FIGURE = "ablation.png"
+# Per arm, for runs that evaluate by difficulty level.
+LEVELS_FIGURE = "by_difficulty_{arm}.png"
 SPEC = "ablation_config.json"
 TIMING = "ablation_run.json"
 WARM_START_DIR = "warm_start"
