@@ -92,10 +92,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # candidate still found the answer).
   c.reward = ml_collections.ConfigDict(dict(name="reflect_steps",
                                             options={}))
-  # Every prompt is guessable at about 1/N by design (the bare answer is
-  # the task's shortest response), so the easy-to-hack step would drop
-  # the easy levels; every level stays in the RL set, so no pass-rate
-  # step either. Prompts of digit pairs share most character 5-grams:
+  # A departure from report 2.1: every prompt is guessable at about 1/N
+  # by design (the bare answer is the task's shortest response), so the
+  # easy-to-hack step drops most of every level (measured with seed 0's
+  # vanilla model, bare answers after "=": 534 of 800 prompts, 140 of 200
+  # at level 1 and 127 of 200 at level 4; docs/reflect_task.md). Every
+  # level stays in the RL set, so no pass-rate step either. Prompts of digit pairs share most character 5-grams:
   # exact dedup only.
   c.curate = from_dataclass(CurateConfig, easy_to_hack=False,
                             pass_rate=False, dedup_near=False,

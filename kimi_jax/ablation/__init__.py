@@ -14,6 +14,7 @@ results aggregated with error bars.
   figure     `plot`: the curves per arm with a ±1 std band
   by_difficulty  per-level results and the Figure-5 plot, for runs that
              evaluate by difficulty level
+  stats      mean and sample standard deviation over seeds
 """
 
 from kimi_jax.ablation.aggregate import (EVAL_CURVES, FINAL_METRICS,

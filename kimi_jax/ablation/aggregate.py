@@ -13,13 +13,12 @@ import json
 import os
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from kimi_jax.ablation.by_difficulty import (aggregate_levels, level_curves,
                                              plot_levels, run_levels)
 from kimi_jax.ablation.figure import plot
 from kimi_jax.ablation.spec import (FIGURE, LEVELS_FIGURE, RESULTS, SUMMARY,
                                     TIMING, Ablation, Run)
+from kimi_jax.ablation.stats import mean_std, stat
 from kimi_jax.infra.files import write_json
 from kimi_jax.infra.metrics import read_jsonl
 
@@ -28,19 +27,6 @@ FINAL_METRICS = ("pass_at_1", "greedy_accuracy", "mean_length")
 # Per-iteration keys of the RL rows and the evaluation rows of metrics.jsonl.
 RL_CURVES = ("accuracy", "reward", "length_mean")
 EVAL_CURVES = ("pass_at_1", "greedy_accuracy", "mean_length")
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
-  """Mean and sample standard deviation (ddof=1; None for one value)."""
-  x = np.asarray(values, np.float64)
-  if x.size == 0:
-    raise ValueError("mean_std of no values")
-  return float(x.mean()), (float(x.std(ddof=1)) if x.size > 1 else None)
-
-
-def _stat(values: Sequence[float]) -> dict[str, Any]:
-  mean, std = mean_std(values)
-  return {"mean": mean, "std": std, "values": [float(v) for v in values]}
 
 
 def _curve(series: Sequence[Mapping[int, float]]) -> dict[str, Any]:
@@ -102,16 +88,16 @@ def aggregate(ablation: Ablation, plan: Sequence[Run]) -> dict[str, Any]:
     arms[arm] = {
         "overrides": ablation.overrides(arm),
         "seeds": [r.seed for r in runs], "n_seeds": len(runs),
-        "final": {k: _stat([d["final"][k] for d in data])
+        "final": {k: stat([d["final"][k] for d in data])
                   for k in FINAL_METRICS},
-        "warm_start": ({k: _stat([d["warm_start"][k] for d in data])
+        "warm_start": ({k: stat([d["warm_start"][k] for d in data])
                         for k in FINAL_METRICS}
                        if all(d["warm_start"] for d in data) else None),
         # After RL minus before it, per seed: what RL added.
-        "gain": (_stat([d["final"]["pass_at_1"] -
+        "gain": (stat([d["final"]["pass_at_1"] -
                         d["warm_start"]["pass_at_1"] for d in data])
                  if all(d["warm_start"] for d in data) else None),
-        "final_val": ({k: _stat([d["final_val"][k] for d in data])
+        "final_val": ({k: stat([d["final_val"][k] for d in data])
                        for k in FINAL_METRICS}
                       if all(d["final_val"] for d in data) else None),
         "curves": {k: _curve([d["curves"][k] for d in data]) for k in keys
@@ -125,7 +111,7 @@ def aggregate(ablation: Ablation, plan: Sequence[Run]) -> dict[str, Any]:
     if seeds:
       arms[arm]["vs_reference"] = {
           "reference": reference, "seeds": seeds,
-          **{k: _stat([finals[arm][s][k] - finals[reference][s][k]
+          **{k: stat([finals[arm][s][k] - finals[reference][s][k]
                        for s in seeds]) for k in FINAL_METRICS}}
   return {"ablation": ablation.name, "description": ablation.description,
           "seed_key": ablation.seed_key, "std": "sample (ddof=1) over seeds",

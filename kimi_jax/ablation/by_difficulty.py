@@ -10,6 +10,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from kimi_jax.ablation.stats import stat
+
 # The two quantities Figure 5 follows through training.
 LEVEL_METRICS = ("pass_at_1", "mean_length")
 # summary.json's evaluations before and after RL: held out, then validation.
@@ -60,13 +62,6 @@ def run_levels(summary: Mapping[str, Any]
   return out or None
 
 
-def _stat(values: Sequence[float]) -> dict[str, Any]:
-  x = np.asarray(values, np.float64)
-  return {"mean": float(x.mean()),
-          "std": float(x.std(ddof=1)) if x.size > 1 else None,
-          "values": [float(v) for v in x]}
-
-
 def aggregate_levels(runs: Sequence[Mapping[str, Any]]
                      ) -> dict[str, Any] | None:
   """Over seeds (`runs`: `run_levels` of each), per split and level: the
@@ -87,8 +82,8 @@ def aggregate_levels(runs: Sequence[Mapping[str, Any]]
       for metric in LEVEL_METRICS:
         before = [r[split]["before"][level][metric] for r in runs]
         after = [r[split]["after"][level][metric] for r in runs]
-        row[metric] = {"before": _stat(before), "after": _stat(after),
-                       "change": _stat(np.subtract(after, before))}
+        row[metric] = {"before": stat(before), "after": stat(after),
+                       "change": stat(np.subtract(after, before))}
       out[split][level] = row
   return out or None
 
