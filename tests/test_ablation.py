@@ -21,7 +21,7 @@ ABLATIONS = os.path.join(ROOT, "experiments", "ablations.py")
 TINY = os.path.join(ROOT, "experiments", "tiny.py")
 NAMES = ("loss", "sampling", "length_penalty", "partial_segments", "baseline",
          "curation", "curation_spelling", "curation_guessable", "recipe",
-         "reflect_loss")
+         "reflect_lr", "reflect_loss")
 
 
 def _toy(arms=None, **extra) -> ml_collections.ConfigDict:
