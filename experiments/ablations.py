@@ -38,8 +38,8 @@ launch/ablate.py (kimi_jax/ablation/). Results: docs/ablations.md.
                     descent arm is the shipped experiment, so the sweep
                     also gives that experiment's seeds (Figure 5)
   reflect_lr        reflect_tiny's RL learning rate, chosen on validation:
-                    the shipped 2e-4 against 1e-4 and 5e-5 (mirror
-                    descent)
+                    2e-4, 1e-4 (the shipped one, chosen by this sweep) and
+                    5e-5 (mirror descent)
 
 `NAME,micro` (e.g. `experiments/ablations.py:loss,micro`) puts the micro
 experiment (tiny.py:micro, 3 RL iterations; gym_tiny.py:micro for
@@ -183,8 +183,8 @@ ABLATIONS = {
         description=(
             "reflect_tiny.py's RL learning rate for mirror descent (report "
             "2.3.2's policy optimization with the optimizer reset each "
-            "iteration): the shipped 2e-4 against 1e-4 and 5e-5, chosen on "
-            "validation pass@1; the same shared warm start per seed."),
+            "iteration): 2e-4, 1e-4 and 5e-5, chosen on validation "
+            "pass@1; the same shared warm start per seed."),
         experiment="reflect_tiny",
         arms={
             "lr_2e-4": {"rl.learning_rate": 2e-4},

@@ -95,7 +95,7 @@ def main(argv):
   print(ablation_lib.markdown_table(
       results, None if _EARLY_STEP.value < 0 else _EARLY_STEP.value))
   for arm, data in results["arms"].items():
-    if data.get("by_difficulty", {}).get("held_out"):
+    if (data.get("by_difficulty") or {}).get("held_out"):
       print(f"\n{arm}, held-out by difficulty level (mean ± std over "
             f"{data['n_seeds']} seeds):")
       print(ablation_lib.markdown_levels(data["by_difficulty"]))
