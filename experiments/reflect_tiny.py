@@ -69,7 +69,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # fit the experiment's 15 minutes on 2 cores. Learning rate 1e-4, chosen
   # on validation over seeds 0-4 (ablations.py:reflect_lr): final
   # validation pass@1 0.451 against 0.442 at 5e-5 and 0.307 at 2e-4, where
-  # RL broke down on three seeds (docs/reflect_task.md).
+  # RL fell far below the warm start on two seeds (docs/reflect_task.md).
   c.rl.update(iterations=40, prompts_per_iteration=16, samples_per_prompt=8,
               minibatch_prompts=8, learning_rate=1e-4, epochs=1,
               reset_optimizer=True, baseline="mean", loss="mirror_descent",
