@@ -10,7 +10,8 @@ results aggregated with error bars.
   aggregate  `aggregate`: mean ± sample std over seeds per arm, paired
              differences to the first arm, gains over the warm start;
              `write_results` writes them with the figure
-  table      `markdown_table`: one row per arm
+  table      `markdown_table`: one row per arm; `markdown_levels`: one
+             row per difficulty level
   figure     `plot`: the curves per arm with a ±1 std band
   by_difficulty  per-level results and the Figure-5 plot, for runs that
              evaluate by difficulty level
@@ -21,8 +22,7 @@ from kimi_jax.ablation.aggregate import (EVAL_CURVES, FINAL_METRICS,
                                          RL_CURVES, aggregate, mean_std,
                                          read_run, write_results)
 from kimi_jax.ablation.by_difficulty import (aggregate_levels, level_curves,
-                                             markdown_levels, plot_levels,
-                                             run_levels)
+                                             plot_levels, run_levels)
 from kimi_jax.ablation.figure import PANELS, VAL_PANEL, plot
 from kimi_jax.ablation.spec import (FIGURE, LEVELS_FIGURE, METRICS, RESULTS,
                                     SPEC, SUMMARY, TIMING, WARM_START_DIR,
@@ -30,7 +30,7 @@ from kimi_jax.ablation.spec import (FIGURE, LEVELS_FIGURE, METRICS, RESULTS,
                                     nest, parse_ablation)
 from kimi_jax.ablation.sweep import (RunFn, check_spec, run_sweep,
                                      seed_warm_start)
-from kimi_jax.ablation.table import markdown_table
+from kimi_jax.ablation.table import markdown_levels, markdown_table
 
 __all__ = [
     "EVAL_CURVES", "FIGURE", "FINAL_METRICS", "LEVELS_FIGURE", "METRICS",

@@ -88,26 +88,6 @@ def aggregate_levels(runs: Sequence[Mapping[str, Any]]
   return out or None
 
 
-def markdown_levels(levels: Mapping[str, Any], split: str = "held_out"
-                    ) -> str:
-  """One row per level: pass@1 and mean response tokens before and after
-  RL with their per-seed changes, mean ± std."""
-  def fmt(s: Mapping[str, Any], digits: int, signed: bool = False) -> str:
-    sign = "+" if signed and s["mean"] >= 0 else ""
-    std = "" if s["std"] is None else f" ± {s['std']:.{digits}f}"
-    return f"{sign}{s['mean']:.{digits}f}{std}"
-  head = ("level", "pass@1 before RL", "after", "change",
-          "mean tokens before RL", "after", "change")
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for level, row in levels[split].items():
-    p, n = row["pass_at_1"], row["mean_length"]
-    lines.append("| " + " | ".join((
-        level, fmt(p["before"], 3), fmt(p["after"], 3),
-        fmt(p["change"], 3, True), fmt(n["before"], 1), fmt(n["after"], 1),
-        fmt(n["change"], 1, True))) + " |")
-  return "\n".join(lines)
-
-
 def plot_levels(curves: Mapping[str, Mapping[str, Any]], path: str, *,
                 stage: str = "val", title: str = "") -> str | None:
   """Figure 5 in miniature: pass@1 (left) and mean response tokens (right)

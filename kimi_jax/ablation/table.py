@@ -1,5 +1,5 @@
-"""The markdown table of an ablation's results: one row per arm, mean ± std
-over seeds."""
+"""The markdown tables of an ablation's results: one row per arm, and per
+difficulty level for runs that evaluate by level; mean ± std over seeds."""
 
 from __future__ import annotations
 
@@ -78,4 +78,20 @@ def markdown_table(results: Mapping[str, Any], early_step: int | None = None
       cells.append(_fmt(a["final_val"]["pass_at_1"], 3)
                    if a.get("final_val") else "")
     lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def markdown_levels(levels: Mapping[str, Any], split: str = "held_out"
+                    ) -> str:
+  """One row per level (an arm's `by_difficulty`): pass@1 and mean
+  response tokens before and after RL with their per-seed changes."""
+  head = ("level", "pass@1 before RL", "after", "change",
+          "mean tokens before RL", "after", "change")
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for level, row in levels[split].items():
+    p, n = row["pass_at_1"], row["mean_length"]
+    lines.append("| " + " | ".join((
+        level, _fmt(p["before"], 3), _fmt(p["after"], 3),
+        _signed(p["change"], 3), _fmt(n["before"], 1), _fmt(n["after"], 1),
+        _signed(n["change"], 1))) + " |")
   return "\n".join(lines)
