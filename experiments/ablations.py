@@ -40,6 +40,10 @@ launch/ablate.py (kimi_jax/ablation/). Results: docs/ablations.md.
   reflect_lr        reflect_tiny's RL learning rate, chosen on validation:
                     2e-4, 1e-4 (the shipped one, chosen by this sweep) and
                     5e-5 (mirror descent)
+  reflect_sampling, reflect_length_penalty, reflect_segments,
+  reflect_baseline  sampling, length_penalty, partial_segments and
+                    baseline on experiments/reflect_tiny.py; each has the
+                    shipped experiment as one arm
 
 `NAME,micro` (e.g. `experiments/ablations.py:loss,micro`) puts the micro
 experiment (tiny.py:micro, 3 RL iterations; gym_tiny.py:micro for
@@ -66,6 +70,8 @@ from kimi_jax.ablation import nest
 # is near its final value by iteration 40 (docs/img/eval_curves.png).
 RL_ITERATIONS = 40
 EVAL_EVERY = 5
+# RL iterations of experiments/reflect_tiny.py, which its ablations keep.
+REFLECT_ITERATIONS = reflect_tiny.get_config().rl.iterations
 
 # The curation ablations' arms: the pipeline with curation on, then off.
 CURATION_ARMS = {
@@ -203,6 +209,63 @@ ABLATIONS = {
             "mirror_descent": {"rl.loss": "mirror_descent"},
             "rest": {"rl.loss": "rest"},
         }),
+    "reflect_sampling": dict(
+        description=(
+            "Report 3.5, Figure 9, on reflect_tiny.py: a curriculum (every "
+            "level for a warm-up of a quarter of the run, then levels 3 and "
+            "4 only) against uniform sampling; 2.3.4: prioritized sampling "
+            "by 1 - success rate (the shipped setting) against uniform."),
+        experiment="reflect_tiny",
+        arms={
+            "uniform": {"prompt_sampling.prioritized": False},
+            "curriculum": {"prompt_sampling.prioritized": False,
+                           "prompt_sampling.curriculum": "warmup_then_hard",
+                           "prompt_sampling.warmup_iterations":
+                               REFLECT_ITERATIONS // 4,
+                           "prompt_sampling.hard_threshold": 3.0},
+            "prioritized": {"prompt_sampling.prioritized": True},
+        }),
+    "reflect_length_penalty": dict(
+        description=(
+            "Report 2.3.3 on reflect_tiny.py, where correct responses vary "
+            "in length: the length reward added to the task reward as the "
+            "report writes it (weight 1) after a warm-up of half the run, "
+            "from the start, or not at all (the shipped setting): tokens "
+            "against accuracy."),
+        experiment="reflect_tiny",
+        arms={
+            "none": {"rl.length_reward_weight": 0.0},
+            "after_warmup": {"rl.length_reward_weight": 1.0,
+                             "rl.length_reward_warmup":
+                                 REFLECT_ITERATIONS // 2},
+            "no_warmup": {"rl.length_reward_weight": 1.0,
+                          "rl.length_reward_warmup": 0},
+        }),
+    "reflect_segments": dict(
+        description=(
+            "Report 2.6.2 on reflect_tiny.py: partial rollouts with a "
+            "budget of 24 tokens per iteration (a level-4 search of up to "
+            "51 tokens spans three), training on the segments earlier "
+            "policies wrote or masking them out of the loss; and whole "
+            "responses in one iteration (the shipped setting)."),
+        experiment="reflect_tiny",
+        arms={
+            "train_old": {"rl.token_budget": 24,
+                          "rl.train_on_old_segments": True},
+            "mask_old": {"rl.token_budget": 24,
+                         "rl.train_on_old_segments": False},
+            "full_rollouts": {"rl.token_budget": reflect_tiny.MAX_RESPONSE},
+        }),
+    "reflect_baseline": dict(
+        description=(
+            "Report 2.3.2 on reflect_tiny.py: the mean-reward baseline (the "
+            "shipped setting) against tau*logZ estimated as tau*log mean "
+            "exp(r/tau), both at tau = 1, so only the baseline differs."),
+        experiment="reflect_tiny",
+        arms={
+            "mean": {"rl.baseline": "mean", "rl.tau": 1.0},
+            "soft": {"rl.baseline": "soft", "rl.tau": 1.0},
+        }),
 }
 
 
@@ -235,6 +298,14 @@ def base_config(micro: bool, experiment: str = "tiny"
   return c
 
 
+def _micro_value(key: str, value):
+  if key.endswith("warmup_iterations"):
+    return min(value, 1)
+  if key.endswith("hard_threshold"):
+    return min(value, 2.0)
+  return value
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   name, _, modifier = (arg or "").partition(",")
   if name not in ABLATIONS:
@@ -248,9 +319,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   spec = ABLATIONS[name]
   arms = dict(spec["arms"])
   if micro:
-    # 3 RL iterations: the curriculum's hard phase starts after one.
-    arms = {arm: {k: (min(v, 1) if k.endswith("warmup_iterations") else v)
-                  for k, v in overrides.items()}
+    # 3 RL iterations: the curriculum's hard phase starts after one, on
+    # difficulty >= 2 (the micro tasks stop at 3 steps or level 2).
+    arms = {arm: {k: _micro_value(k, v) for k, v in overrides.items()}
             for arm, overrides in arms.items()}
   c = ml_collections.ConfigDict()
   c.name = name + (",micro" if micro else "")

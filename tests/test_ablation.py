@@ -21,7 +21,8 @@ ABLATIONS = os.path.join(ROOT, "experiments", "ablations.py")
 TINY = os.path.join(ROOT, "experiments", "tiny.py")
 NAMES = ("loss", "sampling", "length_penalty", "partial_segments", "baseline",
          "curation", "curation_spelling", "curation_guessable", "recipe",
-         "reflect_lr", "reflect_loss")
+         "reflect_lr", "reflect_loss", "reflect_sampling",
+         "reflect_length_penalty", "reflect_segments", "reflect_baseline")
 
 
 def _toy(arms=None, **extra) -> ml_collections.ConfigDict:
