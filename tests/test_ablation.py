@@ -336,6 +336,30 @@ def test_mean_std_by_hand():
     ab.mean_std([])
 
 
+def test_paired_difference_is_shown_with_its_standard_error():
+  """stat's sem is std / sqrt(seeds); the table's paired column prints it,
+  the other columns the std."""
+  from kimi_jax.ablation.stats import stat
+  # Differences 0.1, 0.2, 0.6: mean 0.3, std sqrt((0.04 + 0.01 + 0.09) / 2)
+  # = sqrt(0.07), sem sqrt(0.07 / 3) = 0.1528.
+  d = stat([0.1, 0.2, 0.6])
+  assert d["sem"] == pytest.approx(math.sqrt(0.07 / 3))
+  assert stat([0.5])["sem"] is None
+
+  def arm(p1, paired=None):
+    return {"n_seeds": 3, "overrides": {}, "curves": {},
+            "final": {"pass_at_1": stat(p1),
+                      "greedy_accuracy": stat([0.5, 0.5, 0.5]),
+                      "mean_length": stat([10.0, 10.0, 10.0])},
+            **({"vs_reference": {"pass_at_1": paired}} if paired else {})}
+  res = {"arms": {"a": arm([0.2, 0.4, 0.6]),
+                  "b": arm([0.3, 0.6, 1.2], stat([0.1, 0.2, 0.6]))}}
+  table = ab.markdown_table(res).splitlines()
+  assert "Δ pass@1 vs a (paired, ± s.e.)" in table[0]
+  assert table[3] == ("| b | (base) | 3 | 0.700 ± 0.458 | +0.300 ± 0.153 | "
+                      "0.500 ± 0.000 | 10.0 ± 0.0 |")
+
+
 # ---- resuming a sweep -------------------------------------------------------------
 
 

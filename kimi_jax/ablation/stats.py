@@ -1,4 +1,5 @@
-"""Statistics over seeds: mean and sample standard deviation."""
+"""Statistics over seeds: mean, sample standard deviation and the standard
+error of the mean."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
 
 
 def stat(values: Sequence[float]) -> dict[str, Any]:
-  """{"mean", "std", "values"} of per-seed values."""
+  """{"mean", "std", "sem", "values"} of per-seed values; sem = std /
+  sqrt(seeds), what says whether a paired difference is resolved."""
   mean, std = mean_std(values)
-  return {"mean": mean, "std": std, "values": [float(v) for v in values]}
+  sem = std / float(np.sqrt(len(values))) if std is not None else None
+  return {"mean": mean, "std": std, "sem": sem,
+          "values": [float(v) for v in values]}

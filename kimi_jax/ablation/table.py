@@ -1,19 +1,21 @@
 """The markdown tables of an ablation's results: one row per arm, and per
-difficulty level for runs that evaluate by level; mean ± std over seeds."""
+difficulty level for runs that evaluate by level; mean ± std over seeds,
+and paired differences as mean ± standard error."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 
-def _fmt(stat: Mapping[str, Any], digits: int) -> str:
-  std = stat["std"]
+def _fmt(stat: Mapping[str, Any], digits: int, spread: str = "std") -> str:
+  std = stat.get(spread)
   return (f"{stat['mean']:.{digits}f} ± {std:.{digits}f}" if std is not None
           else f"{stat['mean']:.{digits}f}")
 
 
-def _signed(stat: Mapping[str, Any], digits: int) -> str:
-  return ("+" if stat["mean"] >= 0 else "") + _fmt(stat, digits)
+def _signed(stat: Mapping[str, Any], digits: int, spread: str = "std"
+            ) -> str:
+  return ("+" if stat["mean"] >= 0 else "") + _fmt(stat, digits, spread)
 
 
 def _curve_at(curve: Mapping[str, Any] | None, step: int
@@ -30,7 +32,7 @@ def markdown_table(results: Mapping[str, Any], early_step: int | None = None
   `early_step` adds pass@1 at that iteration (how fast it learns): held
   out, or validation when the runs have it (their periodic evaluations
   read it); left out when no run evaluated there. The paired difference
-  to the first arm follows the final pass@1."""
+  to the first arm, mean ± standard error, follows the final pass@1."""
   arms = results["arms"]
   reference = next(iter(arms))
   val = any(a.get("final_val") for a in arms.values())
@@ -50,7 +52,7 @@ def markdown_table(results: Mapping[str, Any], early_step: int | None = None
   head.append("final held-out pass@1")
   if warm:
     head.append("gain (final - warm start)")
-  head += [f"Δ pass@1 vs {reference} (paired)", "greedy accuracy",
+  head += [f"Δ pass@1 vs {reference} (paired, ± s.e.)", "greedy accuracy",
            "mean response tokens"]
   if val:
     head.append("final validation pass@1")
@@ -72,7 +74,7 @@ def markdown_table(results: Mapping[str, Any], early_step: int | None = None
     cells.append(_fmt(f["pass_at_1"], 3))
     if warm:
       cells.append(_signed(a["gain"], 3) if a.get("gain") else "")
-    cells += [_signed(paired["pass_at_1"], 3) if paired else "—",
+    cells += [_signed(paired["pass_at_1"], 3, "sem") if paired else "—",
               _fmt(f["greedy_accuracy"], 3), _fmt(f["mean_length"], 1)]
     if val:
       cells.append(_fmt(a["final_val"]["pass_at_1"], 3)
