@@ -10,6 +10,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from kimi_jax.ablation.figure import band
 from kimi_jax.ablation.stats import stat
 
 # The two quantities Figure 5 follows through training.
@@ -106,15 +107,8 @@ def plot_levels(curves: Mapping[str, Mapping[str, Any]], path: str, *,
   for ax, metric, label in zip(axes, LEVEL_METRICS,
                                ("pass@1", "mean response tokens")):
     for color, level in zip(colors, levels):
-      curve = curves.get(curve_key(stage, level, metric))
-      if not curve or not curve["steps"]:
-        continue
-      x = np.asarray(curve["steps"], np.float64)
-      mean = np.asarray(curve["mean"], np.float64)
-      std = np.asarray([s or 0.0 for s in curve["std"]], np.float64)
-      ax.plot(x, mean, color=color, marker=".", label=f"level {level}")
-      ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15,
-                      linewidth=0)
+      band(ax, curves.get(curve_key(stage, level, metric)), color,
+           label=f"level {level}", alpha=0.15)
     ax.set_title(f"{names.get(stage, stage)} {label}", fontsize=10)
     ax.set_xlabel("RL iteration")
     ax.grid(alpha=0.3)

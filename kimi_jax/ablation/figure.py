@@ -34,20 +34,9 @@ def plot(results: Mapping[str, Any], path: str, *,
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for ax, (title, key) in zip(axes.flat, panels):
     for i, (arm, data) in enumerate(arms.items()):
-      curve = data["curves"].get(key)
-      if not curve or not curve["steps"]:
-        continue
-      x = np.asarray(curve["steps"], np.float64)
-      mean = np.asarray(curve["mean"], np.float64)
-      std = np.asarray([s if s is not None else 0.0 for s in curve["std"]],
-                       np.float64)
-      if key.startswith("rl/") and smooth > 1:
-        mean, std = _trailing_mean(mean, smooth), _trailing_mean(std, smooth)
-      color = colors[i % len(colors)]
-      ax.plot(x, mean, color=color, marker="." if len(x) < 20 else None,
-              label=f"{arm} (n={data['n_seeds']})")
-      ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2,
-                      linewidth=0)
+      band(ax, data["curves"].get(key), colors[i % len(colors)],
+           label=f"{arm} (n={data['n_seeds']})",
+           smooth=smooth if key.startswith("rl/") else 1)
     ax.set_title(title + (f" ({smooth}-iter mean)" if key.startswith("rl/")
                           and smooth > 1 else ""), fontsize=10)
     ax.set_xlabel("RL iteration")
@@ -58,6 +47,25 @@ def plot(results: Mapping[str, Any], path: str, *,
   fig.savefig(path, dpi=100)
   plt.close(fig)
   return path
+
+
+def band(ax: Any, curve: Mapping[str, Any] | None, color: Any, *,
+         label: str, smooth: int = 1, alpha: float = 0.2) -> None:
+  """One aggregated curve ({"steps", "mean", "std"}) on `ax`: its mean and
+  a ±1 std band, both averaged over a trailing window of `smooth` points;
+  nothing for a missing or empty curve."""
+  if not curve or not curve["steps"]:
+    return
+  x = np.asarray(curve["steps"], np.float64)
+  mean = np.asarray(curve["mean"], np.float64)
+  std = np.asarray([s if s is not None else 0.0 for s in curve["std"]],
+                   np.float64)
+  if smooth > 1:
+    mean, std = _trailing_mean(mean, smooth), _trailing_mean(std, smooth)
+  ax.plot(x, mean, color=color, marker="." if len(x) < 20 else None,
+          label=label)
+  ax.fill_between(x, mean - std, mean + std, color=color, alpha=alpha,
+                  linewidth=0)
 
 
 def _trailing_mean(x: np.ndarray, window: int) -> np.ndarray:
