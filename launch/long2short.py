@@ -5,6 +5,8 @@ evaluated on the same held-out problems.
   python launch/long2short.py --config experiments/long2short_tiny.py --workdir /tmp/l2s
   python launch/long2short.py --config experiments/long2short_tiny.py:micro \\
       --workdir DIR --config.merge.alpha=0.7 --config.l2s.long_workdir=RUN
+  python launch/long2short.py --config experiments/long2short_reflect.py \\
+      --workdir DIR --config.seed=1   # the long model from the gym pipeline
 
 Writes WORKDIR/long2short.json (one record per method: pass@1, greedy
 accuracy, mean and p90 response tokens) and WORKDIR/token_efficiency.png.
@@ -35,14 +37,9 @@ _COMPILE_CACHE = flags.DEFINE_bool(
 def main(argv):
   del argv
   quiet.start()
-  from kimi_jax.job.experiment import parse_config
-  from kimi_jax.long2short import config as l2s_config
   from kimi_jax.long2short import pipeline
   try:
-    config = _CONFIG.value
-    l2s = l2s_config.l2s_config(config)
-    l2s_config.check_long2short(l2s, parse_config(
-        pipeline.job_sections(config)))
+    pipeline.check(_CONFIG.value)
   except (ConfigError, ValueError) as exc:
     sys.exit(f"config error: {exc}")
   if _COMPILE_CACHE.value:

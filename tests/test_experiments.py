@@ -33,9 +33,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # training, RL arms; tested in tests/test_reward_models.py); gym_tiny.py a
 # pipeline of two main-job runs between data stages (its `:micro` variant
 # runs end to end in tests/test_gym_pipeline.py), and so is reflect_tiny.py
-# (tests/test_reflect.py).
+# (tests/test_reflect.py); long2short_reflect.py is long2short over that
+# pipeline (tests/test_long2short_reflect.py).
 NOT_EXPERIMENTS = ("ablations.py", "rm_tiny.py", "gym_tiny.py",
-                   "reflect_tiny.py")
+                   "reflect_tiny.py", "long2short_reflect.py")
 EXPERIMENTS = sorted(
     p for p in glob.glob(os.path.join(ROOT, "experiments", "*.py"))
     if not os.path.basename(p).startswith("_")

@@ -58,7 +58,7 @@ from kimi_jax.infra.config import ConfigError, to_dataclass
 from kimi_jax.infra.console import log
 from kimi_jax.infra.files import write_json
 from kimi_jax.job import run as job_lib
-from kimi_jax.job.experiment import parse_config
+from kimi_jax.job.experiment import ExperimentConfig, parse_config
 from kimi_jax.long2short import policies
 from kimi_jax.rewards.base import RewardFn
 from kimi_jax.rewards.gym_solutions import solution
@@ -225,9 +225,10 @@ def job_config(config: ml_collections.ConfigDict, paths: Paths, *,
   return out
 
 
-def check(config: ml_collections.ConfigDict) -> None:
+def check(config: ml_collections.ConfigDict) -> dict[str, ExperimentConfig]:
   """Every section typed and both training stages' configs valid, before
-  anything runs (the data files they name need not exist yet)."""
+  anything runs (the data files they name need not exist yet). Returns
+  the typed config of each training stage ("vanilla", "rl")."""
   pipe, gym = pipeline_config(config), gym_config(config)
   if pipe.vanilla_stop_at_val and not gym.has_val():
     raise ConfigError("pipeline.vanilla_stop_at_val checks a "
@@ -239,8 +240,8 @@ def check(config: ml_collections.ConfigDict) -> None:
     for name in ("train", "eval", "val", "sft", "curated", "warmup"):
       os.makedirs(os.path.dirname(getattr(paths, name)), exist_ok=True)
       open(getattr(paths, name), "w").close()  # stand-ins, checked unread
-    for stage in ("vanilla", "rl"):
-      parse_config(job_config(config, paths, stage=stage))
+    return {stage: parse_config(job_config(config, paths, stage=stage))
+            for stage in ("vanilla", "rl")}
 
 
 # ---- the data stage -----------------------------------------------------------

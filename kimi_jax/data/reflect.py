@@ -142,6 +142,19 @@ def make_records(size: int, seed: int = 0,
 # ---- worked solutions -------------------------------------------------------
 
 
+def bare_answer(problem: Problem) -> str:
+  """`=x`: the shortest response, right only by luck for a model that
+  cannot invert the table in one pass."""
+  return f"{ANSWER}{problem.answer()}"
+
+
+def minimal_length(record: Mapping[str, Any]) -> int:
+  """Tokens of the shortest correct response, eos included: the bare
+  answer (one token per character under the pipeline's text tokenizer)
+  and eos. The shortest *verified* one is the search that stops at `+`."""
+  return len(bare_answer(problem_of(record))) + 1
+
+
 def search(problem: Problem, budget: int) -> str:
   """Candidates in table order until `+` or `budget` attempts, then the
   answer (the right one: after a failed short search, a bare answer)."""
@@ -150,7 +163,7 @@ def search(problem: Problem, budget: int) -> str:
     parts.append(attempt(problem, x))
     if parts[-1].endswith(YES):
       break
-  return " ".join(parts + [f"{ANSWER}{problem.answer()}"])
+  return " ".join(parts + [bare_answer(problem)])
 
 
 def full_search(problem: Problem) -> str:
@@ -167,7 +180,7 @@ def worked_solution(record: Mapping[str, Any], style: str,
     raise ValueError(f"style must be one of {STYLES}, got {style!r}")
   problem = problem_of(record)
   if style == "direct":
-    return f"{ANSWER}{problem.answer()}"
+    return bare_answer(problem)
   if style == "cued":
     return full_search(problem)
   most = int(record[DATASET]["plain_budget"])

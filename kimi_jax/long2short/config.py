@@ -1,8 +1,10 @@
 """The long2short sections of an experiment config, typed.
 
-A long2short experiment (experiments/long2short_tiny.py) is a main-job
-config (the long-CoT run) plus five sections, each a frozen dataclass here
-whose errors name `config.<section>.<key>`:
+A long2short experiment is a main-job config (the long-CoT run,
+experiments/long2short_tiny.py) or a gym-pipeline config (the long-CoT
+model is the pipeline's RL stage, experiments/long2short_reflect.py) plus
+five sections, each a frozen dataclass here whose errors name
+`config.<section>.<key>`:
 
 - `l2s`: where the long-CoT and short-only models come from, how the
   long model is sampled for shortest rejection sampling and DPO, and the
@@ -52,18 +54,22 @@ class L2SConfig:
     init that make the base model the long and short runs both start from
     (their common ancestor, which merging needs); 0: both start from the
     seeded init. base_seq_len: the base's SFT row length (short chains
-    fit rows shorter than the long run's `sft.seq_len`).
-  long_workdir / short_workdir: an existing run (a main-job workdir) to
-    take the long-CoT / short-only model from; "" trains it in
-    WORKDIR/long / WORKDIR/short_baseline with the main job.
+    fit rows shorter than the long run's `sft.seq_len`). A gym-pipeline
+    config trains no base (its vanilla SFT stage is the ancestor): 0.
+  long_workdir / short_workdir: an existing run (a main-job workdir; for
+    a gym-pipeline config, a finished pipeline workdir, whose `rl/` is the
+    policy) to take the long-CoT / short-only model from; "" trains it in
+    WORKDIR/long / WORKDIR/short_baseline.
   short_cot_style: what the short-only baseline's warm start answers
     with: "direct" (the answer alone, a short-CoT model that never saw a
     chain) or "plain" (the plain chain); the same config otherwise (seed,
-    base, SFT and RL budgets).
+    base, SFT and RL budgets). A gym-pipeline config's baseline answers
+    the plain prompt (no `pipeline.cot_cue`): "plain".
   samples_per_prompt: n responses the long model draws per train prompt,
     shared by shortest rejection sampling and DPO (the report's n = 8).
   sample_prompts: how many train prompts are sampled (0: all of them).
   eval_samples: k draws per held-out problem for pass@1 and token counts.
+  eval_val: also evaluate every model on the task's validation problems.
   """
 
   base_sft_steps: int = 500
@@ -74,6 +80,7 @@ class L2SConfig:
   samples_per_prompt: int = 8
   sample_prompts: int = 0
   eval_samples: int = 8
+  eval_val: bool = False
 
   def __post_init__(self):
     _positive("l2s", self, "samples_per_prompt", "eval_samples",
@@ -195,18 +202,57 @@ def l2s_config(config: Mapping[str, Any]) -> Long2ShortConfig:
       l2s_rl=to_dataclass(L2SRLConfig, config["l2s_rl"], "l2s_rl"))
 
 
-def check_long2short(l2s: Long2ShortConfig, job) -> None:
-  """Rules relating the long2short sections to the main job's typed config
-  (`kimi_jax.job.experiment.ExperimentConfig`); raises ConfigError naming
-  keys."""
+def _check_task_models(l2s: Long2ShortConfig, job) -> None:
+  """The long and short models of a main-job config: a task whose warm
+  start has a style to change."""
   if not isinstance(job.task, PointerChaseConfig):
     raise ConfigError("config.task.name: long2short's short-only baseline "
                       "changes config.task.cot_style, which only the "
-                      "pointer_chase task has")
+                      "pointer_chase task has (a gym-pipeline config, "
+                      "experiments/long2short_reflect.py, changes its "
+                      "warm-up rows instead)")
   if l2s.l2s.short_cot_style == job.task.cot_style:
     raise ConfigError(f"config.l2s.short_cot_style ({l2s.l2s.short_cot_style!r}"
                       f") must differ from config.task.cot_style, or the "
                       f"short-only baseline is the long model's recipe")
+
+
+def _check_pipeline_models(l2s: Long2ShortConfig) -> None:
+  """The long and short models of a gym-pipeline config: both from its
+  vanilla model, the baseline's warm-up on the plain prompt."""
+  if l2s.l2s.base_sft_steps:
+    raise ConfigError(
+        f"config.l2s.base_sft_steps ({l2s.l2s.base_sft_steps}) must be 0 "
+        f"for a gym-pipeline config: its vanilla SFT stage "
+        f"(pipeline.vanilla_sft_steps) is the common ancestor")
+  if l2s.l2s.short_cot_style != "plain":
+    raise ConfigError(
+        f"config.l2s.short_cot_style ({l2s.l2s.short_cot_style!r}) must be "
+        f"'plain' for a gym-pipeline config: its short-only baseline's "
+        f"warm-up rows answer the plain prompt, without the cue")
+
+
+def _has_val(task) -> bool:
+  """Whether a typed task section has validation problems (a jsonl task's
+  val_path, pointer chasing's val_fraction)."""
+  return bool(getattr(task, "val_path", "") or
+              getattr(task, "val_fraction", 0.0))
+
+
+def check_long2short(l2s: Long2ShortConfig, job, *, pipeline: bool = False
+                     ) -> None:
+  """Rules relating the long2short sections to the main job's typed config
+  (`kimi_jax.job.experiment.ExperimentConfig`; for a gym-pipeline config,
+  `pipeline=True`, that of its RL stage); raises ConfigError naming
+  keys."""
+  if pipeline:
+    _check_pipeline_models(l2s)
+  else:
+    _check_task_models(l2s, job)
+  if l2s.l2s.eval_val and not _has_val(job.task):
+    raise ConfigError("config.l2s.eval_val: the task has no validation "
+                      "problems (task.val_path, task.val_fraction or "
+                      "gym.val_size)")
   if l2s.l2s_rl.max_response_len >= job.rl.max_response_len:
     raise ConfigError(
         f"config.l2s_rl.max_response_len ({l2s.l2s_rl.max_response_len}) "

@@ -16,11 +16,24 @@
   WORKDIR/long2short.json every model on the same held-out problems
   WORKDIR/token_efficiency.png
 
+A gym-pipeline config (`pipeline` section, experiments/long2short_reflect.py)
+takes its two models from the pipeline (kimi_jax/curation/gym_pipeline.py)
+instead, and trains no base: its vanilla model is the common ancestor.
+
+  WORKDIR/long            the gym pipeline; the long model is its RL stage,
+                          WORKDIR/long/rl, and the other stages read its
+                          data (train prompts, held-out and validation)
+  WORKDIR/short_baseline  the same pipeline from a copy of long's data and
+                          vanilla stages, its warm-up rows sampled for the
+                          plain prompt (`short_pipeline_config`); the
+                          policy: WORKDIR/short_baseline/rl
+
 Each stage's directory is a run workdir (`policies`): export, sampling and
-resuming work on it. A stage that finished leaves `stage.json` and is
-skipped when the command is run again; the main-job stages resume from their
-checkpoints; the others restart. `l2s.long_workdir` / `l2s.short_workdir`
-take existing runs instead of training them (then no base is trained).
+resuming work on it. A stage that finished leaves `stage.json` (a pipeline,
+`summary.json`) and is skipped when the command is run again; the main-job
+stages resume from their checkpoints, a pipeline from its finished stages;
+the others restart. `l2s.long_workdir` / `l2s.short_workdir` take existing
+runs instead of training them (then no base is trained).
 """
 
 from __future__ import annotations
@@ -31,7 +44,7 @@ import json
 import os
 import shutil
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import ml_collections
@@ -39,13 +52,17 @@ import numpy as np
 
 from kimi_jax import sft as sft_lib
 from kimi_jax import train_step as ts
-from kimi_jax.data import pointer_chase
+from kimi_jax.curation import gym_pipeline
+from kimi_jax.curation.curate import write_jsonl
+from kimi_jax.data import pointer_chase, reflect, tasks
 from kimi_jax.data.journal import CHUNK_PROMPTS, Journal, ModelCalls, digest
 from kimi_jax.infra import workdir_lock
 from kimi_jax.infra import metrics as metrics_lib
+from kimi_jax.infra.config import ConfigError
 from kimi_jax.infra.console import log
 from kimi_jax.infra.files import write_json
 from kimi_jax.job import run as job_lib
+from kimi_jax.job import workdir as workdir_lib
 from kimi_jax.job.experiment import ExperimentConfig, parse_config
 from kimi_jax.long2short import dpo, merge, policies, report, samples, shortest
 from kimi_jax.long2short.config import (Long2ShortConfig, SECTIONS,
@@ -56,6 +73,8 @@ from kimi_jax.step_loop import Cycle, Progress, discard, run_steps, settings_key
 
 RESULT_FILE = "long2short.json"
 FIGURE_FILE = "token_efficiency.png"
+# Shortest rejection sampling's SFT rows, in its stage directory.
+RS_ROWS_FILE = "sft_rows.jsonl"
 
 
 # ---- configs of the stages ----------------------------------------------------
@@ -106,14 +125,17 @@ def base_config(job_config: ml_collections.ConfigDict,
 
 
 def rs_config(job_config: ml_collections.ConfigDict,
-              l2s: Long2ShortConfig) -> ml_collections.ConfigDict:
-  """Shortest rejection sampling's SFT, on the long run's config."""
+              l2s: Long2ShortConfig, rows_path: str = ""
+              ) -> ml_collections.ConfigDict:
+  """Shortest rejection sampling's SFT, on the long run's config, reading
+  the selected rows from `rows_path` ("": a task with warm-start pairs of
+  its own, which `sft_policy`'s texts replace)."""
   c = _copy(job_config)
   rs = l2s.shortest_rs
   c.sft.update(dict(steps=rs.steps, batch_size=rs.batch_size,
                     learning_rate=rs.learning_rate,
                     warmup_steps=rs.warmup_steps, decay="constant",
-                    stage2_steps=0))
+                    stage2_steps=0, train_path=rows_path))
   return c
 
 
@@ -121,9 +143,55 @@ def l2s_rl_config(job_config: ml_collections.ConfigDict,
                   l2s: Long2ShortConfig) -> ml_collections.ConfigDict:
   """The second RL phase: no SFT; `l2s_rl` keys replace `rl`'s."""
   c = _copy(job_config)
-  c.sft.steps = 0
+  # No SFT; the job still builds the SFT optimizer, whose decay must fit
+  # the 0 steps.
+  c.sft.update(dict(steps=0, decay="constant"))
   c.rl.update(l2s.l2s_rl.rl_overrides())
   return c
+
+
+def short_pipeline_config(sections: ml_collections.ConfigDict
+                          ) -> ml_collections.ConfigDict:
+  """The short-only recipe of a gym-pipeline config: the same stages and
+  settings, the warm-up rows sampled from the vanilla model for the plain
+  prompt (no `pipeline.cot_cue`, so its short mode answers) and each
+  prompt's shortest right answer kept. Answers are judged alone: a bare
+  answer or a short search ending in a guess has no checked path for a
+  step check to verify."""
+  c = _copy(sections)
+  c.warmup.update(dict(template="{prompt}", keep="shortest",
+                       accept="answer"))
+  return c
+
+
+def check(config: ml_collections.ConfigDict) -> Long2ShortConfig:
+  """Every section typed and the long2short ones related to the job's,
+  before anything runs; returns the long2short sections. Raises
+  ConfigError (or ValueError) naming the key."""
+  l2s = l2s_config(config)
+  sections = job_sections(config)
+  from_pipeline = gym_pipeline.is_pipeline(sections)
+  if from_pipeline:
+    names = gym_pipeline.gym_config(sections).names()
+    if tuple(names) != (reflect.DATASET,):
+      raise ConfigError(
+          f"config.gym.datasets: long2short on a gym pipeline needs the "
+          f"shortest correct response of each held-out problem, which the "
+          f"{reflect.DATASET!r} task defines; got {list(names)}")
+    job = gym_pipeline.check(sections)["rl"]
+  else:
+    job = parse_config(sections)
+  check_long2short(l2s, job, pipeline=from_pipeline)
+  return l2s
+
+
+def shortest_solution_tokens(record: Mapping[str, Any]) -> int:
+  """Tokens of the shortest correct response to `record`, eos included:
+  the task's own (the plain chain of pointer chasing, the bare answer of
+  table inversion)."""
+  if reflect.DATASET in record:
+    return reflect.minimal_length(record)
+  return pointer_chase.minimal_length(record)
 
 
 # ---- stages -----------------------------------------------------------------------
@@ -160,10 +228,11 @@ class Context:
     return policies.read_policy(workdir, self.shardings())[0]
 
 
-def _timed(ctx: Context, name: str, fn: Callable[[], Any]) -> Any:
+def _timed(seconds: dict[str, float], name: str, fn: Callable[[], Any]
+           ) -> Any:
   t0 = time.perf_counter()
   out = fn()
-  ctx.seconds[name] = time.perf_counter() - t0
+  seconds[name] = time.perf_counter() - t0
   return out
 
 
@@ -205,7 +274,7 @@ def stage_base(ctx: Context) -> str:
         f"{cfg.task.cot_style} chains")
     tools = ctx.tools
     init = job_lib.initial_params(dataclasses.replace(tools, cfg=cfg))
-    _timed(ctx, "base", lambda: sft_policy(config, path, init))
+    _timed(ctx.seconds, "base", lambda: sft_policy(config, path, init))
     policies.mark_done(path, {"seconds": ctx.seconds["base"]})
   return path
 
@@ -221,7 +290,7 @@ def _main_job(ctx: Context, name: str, config: ml_collections.ConfigDict,
     init = None if init_from is None else (
         lambda job: policies.read_policy(init_from, policies.param_shardings(
             job.cfg, job.sharder))[0])
-    summary = _timed(ctx, name, lambda: job_lib.train_and_evaluate(
+    summary = _timed(ctx.seconds, name, lambda: job_lib.train_and_evaluate(
         config, path, init_params=init))
     policies.mark_done(path, {"seconds": ctx.seconds[name],
                               "final_eval": summary["final_eval"]})
@@ -241,14 +310,89 @@ def stage_short(ctx: Context, base: str | None) -> str:
                    base)
 
 
+def task_models(sections: ml_collections.ConfigDict, l2s: Long2ShortConfig,
+                workdir: str) -> tuple[Context, str, str]:
+  """A main-job config's long and short-only models (trained from a base
+  unless both are given) and the context of the later stages."""
+  ctx = Context(sections, parse_config(sections, jax.device_count()), l2s,
+                workdir)
+  need_base = not (l2s.l2s.long_workdir and l2s.l2s.short_workdir)
+  base = stage_base(ctx) if need_base and l2s.l2s.base_sft_steps else None
+  return ctx, stage_long(ctx, base), stage_short(ctx, base)
+
+
+def _pipeline_done(workdir: str) -> bool:
+  return os.path.isfile(os.path.join(workdir, gym_pipeline.SUMMARY_FILE))
+
+
+def _given_pipeline(workdir: str, key: str) -> str:
+  if not _pipeline_done(workdir):
+    raise FileNotFoundError(f"config.l2s.{key}: {workdir} is not a finished "
+                            f"gym pipeline (no {gym_pipeline.SUMMARY_FILE})")
+  return workdir
+
+
+def stage_long_pipeline(sections: ml_collections.ConfigDict,
+                        l2s: Long2ShortConfig, workdir: str,
+                        seconds: dict[str, float]) -> str:
+  """The long model's gym pipeline in WORKDIR/long (its finished stages
+  skipped, a killed one resumed); returns the pipeline workdir."""
+  if l2s.l2s.long_workdir:
+    return _given_pipeline(l2s.l2s.long_workdir, "long_workdir")
+  path = os.path.join(workdir, "long")
+  if not _pipeline_done(path):
+    log("long2short: long (gym pipeline)")
+    _timed(seconds, "long", lambda: gym_pipeline.run(sections, path))
+  return path
+
+
+def stage_short_pipeline(sections: ml_collections.ConfigDict,
+                         l2s: Long2ShortConfig, workdir: str,
+                         seconds: dict[str, float], long: str) -> str:
+  """The short-only baseline's gym pipeline in WORKDIR/short_baseline:
+  the long pipeline's data and vanilla stages copied (one ancestor for
+  both models, which merging needs), the later stages run on
+  `short_pipeline_config`; returns the pipeline workdir."""
+  if l2s.l2s.short_workdir:
+    return _given_pipeline(l2s.l2s.short_workdir, "short_workdir")
+  path = os.path.join(workdir, "short_baseline")
+  if _pipeline_done(path):
+    return path
+  log(f"long2short: short_baseline (gym pipeline from {long}'s data and "
+      f"vanilla model, warm-up on the plain prompt)")
+
+  def train() -> None:
+    if not gym_pipeline.first_stages_done(path):
+      gym_pipeline.copy_first_stages(long, path)
+    gym_pipeline.run(short_pipeline_config(sections), path)
+
+  _timed(seconds, "short_baseline", train)
+  return path
+
+
+def pipeline_models(sections: ml_collections.ConfigDict,
+                    l2s: Long2ShortConfig, workdir: str
+                    ) -> tuple[Context, str, str]:
+  """A gym-pipeline config's long and short-only models (the RL stages of
+  their pipelines) and the context of the later stages: the long model's
+  own config, whose data (train prompts, held-out, validation) are the
+  long pipeline's."""
+  seconds: dict[str, float] = {}
+  long = stage_long_pipeline(sections, l2s, workdir, seconds)
+  short = stage_short_pipeline(sections, l2s, workdir, seconds, long)
+  long_rl, short_rl = (gym_pipeline.Paths(d).rl for d in (long, short))
+  config, cfg = workdir_lib.load_run(long_rl, jax.device_count())
+  return Context(config, cfg, l2s, workdir, seconds), long_rl, short_rl
+
+
 def stage_merge(ctx: Context, long: str, short: str) -> str:
   path = ctx.path("merge")
   if policies.stage_done(path) is None:
     _fresh(path)
     alpha = ctx.l2s.merge.alpha
     log(f"long2short: merge, {alpha} x long + {1 - alpha:g} x short")
-    _timed(ctx, "merge", lambda: merge.merge_sources(long, short, path,
-                                                     alpha=alpha))
+    _timed(ctx.seconds, "merge", lambda: merge.merge_sources(
+        long, short, path, alpha=alpha))
     policies.mark_done(path, {"alpha": alpha, "long": long, "short": short})
   return path
 
@@ -280,7 +424,7 @@ def stage_samples(ctx: Context, long: str) -> samples.Samples:
   journal = Journal(ctx.path("samples.journal.jsonl"),
                     context={"policy": os.path.abspath(long),
                              "task": ctx.cfg.task})
-  out = _timed(ctx, "samples", lambda: samples.sample(
+  out = _timed(ctx.seconds, "samples", lambda: samples.sample(
       ctx.tools.sampler, ctx.params(long), task, records,
       n=l2s.samples_per_prompt, max_response_len=ctx.cfg.rl.max_response_len,
       settings=ctx.cfg.sampler.sampling, seed=ctx.cfg.seed + 2,
@@ -307,14 +451,23 @@ def stage_shortest_rs(ctx: Context, long: str, drawn: samples.Samples
   path = ctx.path("shortest_rs")
   if policies.stage_done(path) is None:
     _fresh(path)
-    texts = shortest.sft_texts(drawn, ctx.tools.task.tokenizer)
-    record = {"examples": len(texts), "prompts": drawn.n_prompts}
-    if texts:
-      log(f"long2short: shortest rejection sampling, SFT on {len(texts)} "
-          f"shortest correct responses ({drawn.n_prompts - len(texts)} "
+    rows = shortest.sft_rows(drawn, ctx.tools.task.tokenizer)
+    record = {"examples": len(rows), "prompts": drawn.n_prompts}
+    if rows:
+      log(f"long2short: shortest rejection sampling, SFT on {len(rows)} "
+          f"shortest correct responses ({drawn.n_prompts - len(rows)} "
           f"prompts without a correct one skipped)")
-      _timed(ctx, "shortest_rs", lambda: sft_policy(
-          rs_config(ctx.config, ctx.l2s), path, ctx.params(long), texts))
+      rows_path = os.path.join(path, RS_ROWS_FILE)
+      if jax.process_index() == 0:
+        write_jsonl(rows_path, rows)
+      # A task with warm-start pairs of its own takes the rows in their
+      # place; a jsonl task reads them from the file, as a pipeline's
+      # long-CoT SFT reads its warm-up rows.
+      own = tasks.has_warmstart(ctx.cfg.task)
+      config = rs_config(ctx.config, ctx.l2s, "" if own else rows_path)
+      texts = [(r["prompt"], r["response"]) for r in rows] if own else None
+      _timed(ctx.seconds, "shortest_rs", lambda: sft_policy(
+          config, path, ctx.params(long), texts))
       record["seconds"] = ctx.seconds["shortest_rs"]
     else:
       record["untrained"] = _untrained(ctx, path, long, "shortest_rs", (
@@ -403,7 +556,7 @@ def stage_dpo(ctx: Context, long: str, drawn: samples.Samples) -> str:
       resume = Progress(path + ".progress", digest(
           long, settings_key(ctx.l2s.dpo), ctx.cfg.seed, ctx.cfg.model,
           ctx.cfg.sft.seq_len, pairs), ctx.l2s.dpo.checkpoint_every)
-      params = _timed(ctx, "dpo", lambda: train_dpo(
+      params = _timed(ctx.seconds, "dpo", lambda: train_dpo(
           ctx, ctx.params(long), ctx.params(long), pairs, metrics, resume,
           earlier))
       metrics.close()
@@ -426,37 +579,44 @@ def stage_l2s_rl(ctx: Context, long: str) -> str:
 
 
 def evaluate(ctx: Context, workdirs: dict[str, str]) -> dict[str, Any]:
-  """Every model on the same held-out problems; writes long2short.json and
-  token_efficiency.png."""
+  """Every model on the same held-out problems (and validation ones with
+  `l2s.eval_val`); writes long2short.json and token_efficiency.png."""
   tools = ctx.tools
-  evaluator = Evaluator(tools.sampler, tools.task,
-                        samples=ctx.l2s.l2s.eval_samples,
-                        max_response_len=ctx.cfg.rl.max_response_len,
-                        seed=ctx.cfg.seed + 1,
-                        settings=ctx.cfg.sampler.sampling)
+  # The held-out problems, and the validation ones when asked for (each
+  # method's record then has them under "val").
+  splits = ("eval", "val") if ctx.l2s.l2s.eval_val else ("eval",)
+  evaluators = {split: Evaluator(
+      tools.sampler, tools.task, samples=ctx.l2s.l2s.eval_samples,
+      max_response_len=ctx.cfg.rl.max_response_len, seed=ctx.cfg.seed + 1,
+      settings=ctx.cfg.sampler.sampling, split=split) for split in splits}
   methods = {}
   for name, path in workdirs.items():
     t0 = time.perf_counter()
-    drawn = evaluator.sample(ctx.params(path))
-    methods[name] = dict(report.method_record(drawn, tools.task.eval),
-                         workdir=path)
+    by_split = {split: report.method_record(e.sample(ctx.params(path)),
+                                            e.records)
+                for split, e in evaluators.items()}
+    methods[name] = dict(by_split.pop("eval"), workdir=path, **by_split)
     note = (policies.stage_done(path) or {}).get("untrained")
     if note:
       methods[name]["untrained"] = note
     ctx.seconds[f"eval_{name}"] = time.perf_counter() - t0
     m = methods[name]
+    val = (f"; validation pass@1 {m['val']['pass_at_1']:.3f}, mean tokens "
+           f"{m['val']['mean_tokens']:.1f}" if "val" in m else "")
     log(f"long2short: {name}: pass@1 {m['pass_at_1']:.3f} (greedy "
         f"{m['greedy_accuracy']:.3f}), mean tokens {m['mean_tokens']:.1f}, "
-        f"p90 {m['p90_tokens']:.0f}")
+        f"p90 {m['p90_tokens']:.0f}{val}")
   shortest_solution = float(np.mean([
-      pointer_chase.minimal_length(r) for r in tools.task.eval]))
+      shortest_solution_tokens(r) for r in tools.task.eval]))
   result = {
       "methods": methods,
       "shortest_solution_tokens": shortest_solution,
       "targets": report.targets(methods, shortest_solution),
       "eval": {"problems": len(tools.task.eval),
                "samples_per_problem": ctx.l2s.l2s.eval_samples,
-               "max_response_len": ctx.cfg.rl.max_response_len},
+               "max_response_len": ctx.cfg.rl.max_response_len,
+               **({"val_problems": len(tools.task.val)}
+                  if "val" in splits else {})},
       "seconds": dict(ctx.seconds),
   }
   if jax.process_index() == 0:
@@ -482,16 +642,12 @@ def use_compile_cache(path: str) -> None:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Every stage, then the comparison; returns long2short.json's content."""
   t0 = time.perf_counter()
-  l2s = l2s_config(config)
-  job_config = job_sections(config)
-  cfg = parse_config(job_config, jax.device_count())
-  check_long2short(l2s, cfg)
+  l2s = check(config)
   os.makedirs(workdir, exist_ok=True)
-  ctx = Context(job_config, cfg, l2s, workdir)
-  need_base = not (l2s.l2s.long_workdir and l2s.l2s.short_workdir)
-  base = stage_base(ctx) if need_base and l2s.l2s.base_sft_steps else None
-  long = stage_long(ctx, base)
-  short = stage_short(ctx, base)
+  sections = job_sections(config)
+  models = (pipeline_models if gym_pipeline.is_pipeline(sections)
+            else task_models)
+  ctx, long, short = models(sections, l2s, workdir)
   drawn = stage_samples(ctx, long)
   workdirs = {"long": long, "short_baseline": short,
               "merge": stage_merge(ctx, long, short),

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from kimi_jax.data.tasks import make_task
+from kimi_jax.data.tasks import hf_tokenizer, make_task
 from kimi_jax.infra import checkpoint as ckpt_lib
 from kimi_jax.infra.files import write_json
 from kimi_jax.job import workdir as workdir_lib
@@ -37,7 +37,9 @@ def write_policy(workdir: str, config: ml_collections.ConfigDict, params: Any
   `workdir`; returns the checkpoint step."""
   cfg = parse_config(config)
   os.makedirs(workdir, exist_ok=True)
-  task = make_task(cfg.task, cfg.seed)
+  # A jsonl task reads its tokenizer from the directory the config names.
+  task = make_task(cfg.task, cfg.seed, hf_tokenizer(cfg.init_from_hf,
+                                                    cfg.task))
   if jax.process_index() == 0:
     with open(os.path.join(workdir, workdir_lib.CONFIG_FILE), "w") as f:
       f.write(config.to_json_best_effort(indent=2))

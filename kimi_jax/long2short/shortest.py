@@ -38,7 +38,10 @@ def select(samples: Samples) -> list[tuple[int, int]]:
   return out
 
 
-def sft_texts(samples: Samples, tokenizer) -> list[tuple[str, str]]:
-  """The selected responses as (prompt text, response text) SFT pairs."""
-  return [(samples.records[p]["prompt"], samples.text(p, j, tokenizer))
+def sft_rows(samples: Samples, tokenizer) -> list[dict]:
+  """The selected responses as SFT rows: {"id", "prompt", "response"}
+  (texts), what `config.sft.train_path` reads."""
+  return [{"id": samples.records[p]["id"],
+           "prompt": samples.records[p]["prompt"],
+           "response": samples.text(p, j, tokenizer)}
           for p, j in select(samples)]
