@@ -7,15 +7,15 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 
-def _fmt(stat: Mapping[str, Any], digits: int, spread: str = "std") -> str:
+def fmt_stat(stat: Mapping[str, Any], digits: int, spread: str = "std") -> str:
   std = stat.get(spread)
   return (f"{stat['mean']:.{digits}f} ± {std:.{digits}f}" if std is not None
           else f"{stat['mean']:.{digits}f}")
 
 
-def _signed(stat: Mapping[str, Any], digits: int, spread: str = "std"
+def fmt_signed(stat: Mapping[str, Any], digits: int, spread: str = "std"
             ) -> str:
-  return ("+" if stat["mean"] >= 0 else "") + _fmt(stat, digits, spread)
+  return ("+" if stat["mean"] >= 0 else "") + fmt_stat(stat, digits, spread)
 
 
 def _curve_at(curve: Mapping[str, Any] | None, step: int
@@ -66,18 +66,18 @@ def markdown_table(results: Mapping[str, Any], early_step: int | None = None
     f = a["final"]
     cells = [arm, settings, str(a["n_seeds"])]
     if early_step is not None:
-      cells.append(_fmt(early[arm], 3) if early[arm] else "")
+      cells.append(fmt_stat(early[arm], 3) if early[arm] else "")
     paired = a.get("vs_reference")
     if warm:
-      cells.append(_fmt(a["warm_start"]["pass_at_1"], 3)
+      cells.append(fmt_stat(a["warm_start"]["pass_at_1"], 3)
                    if a.get("gain") else "")
-    cells.append(_fmt(f["pass_at_1"], 3))
+    cells.append(fmt_stat(f["pass_at_1"], 3))
     if warm:
-      cells.append(_signed(a["gain"], 3) if a.get("gain") else "")
-    cells += [_signed(paired["pass_at_1"], 3, "sem") if paired else "—",
-              _fmt(f["greedy_accuracy"], 3), _fmt(f["mean_length"], 1)]
+      cells.append(fmt_signed(a["gain"], 3) if a.get("gain") else "")
+    cells += [fmt_signed(paired["pass_at_1"], 3, "sem") if paired else "—",
+              fmt_stat(f["greedy_accuracy"], 3), fmt_stat(f["mean_length"], 1)]
     if val:
-      cells.append(_fmt(a["final_val"]["pass_at_1"], 3)
+      cells.append(fmt_stat(a["final_val"]["pass_at_1"], 3)
                    if a.get("final_val") else "")
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
@@ -93,7 +93,8 @@ def markdown_levels(levels: Mapping[str, Any], split: str = "held_out"
   for level, row in levels[split].items():
     p, n = row["pass_at_1"], row["mean_length"]
     lines.append("| " + " | ".join((
-        level, _fmt(p["before"], 3), _fmt(p["after"], 3),
-        _signed(p["change"], 3), _fmt(n["before"], 1), _fmt(n["after"], 1),
-        _signed(n["change"], 1))) + " |")
+        level, fmt_stat(p["before"], 3), fmt_stat(p["after"], 3),
+        fmt_signed(p["change"], 3), fmt_stat(n["before"], 1),
+        fmt_stat(n["after"], 1),
+        fmt_signed(n["change"], 1))) + " |")
   return "\n".join(lines)
