@@ -70,6 +70,9 @@ from kimi_jax.ablation import nest
 # is near its final value by iteration 40 (docs/img/eval_curves.png).
 RL_ITERATIONS = 40
 EVAL_EVERY = 5
+# A continued segment prefills its prompt (up to 32 tokens) and the
+# response so far (up to 48), beyond reflect_tiny's largest bucket (40).
+SEGMENT_BUCKETS = (16, 32, 48, 64, 96)
 # RL iterations of experiments/reflect_tiny.py, which its ablations keep.
 REFLECT_ITERATIONS = reflect_tiny.get_config().rl.iterations
 
@@ -251,9 +254,11 @@ ABLATIONS = {
         experiment="reflect_tiny",
         arms={
             "train_old": {"rl.token_budget": 24,
-                          "rl.train_on_old_segments": True},
+                          "rl.train_on_old_segments": True,
+                          "sampler.prefill_buckets": SEGMENT_BUCKETS},
             "mask_old": {"rl.token_budget": 24,
-                         "rl.train_on_old_segments": False},
+                         "rl.train_on_old_segments": False,
+                         "sampler.prefill_buckets": SEGMENT_BUCKETS},
             "full_rollouts": {"rl.token_budget": reflect_tiny.MAX_RESPONSE},
         }),
     "reflect_baseline": dict(

@@ -656,3 +656,18 @@ def test_results_by_difficulty_level_by_hand(tmp_path):
   assert rows[3].endswith("| 20.0 ± 0.0 | 35.0 ± 7.1 | +15.0 ± 7.1 |")
   assert (tmp_path / ab.LEVELS_FIGURE.format(arm="a")).stat().st_size > 0
   assert not (tmp_path / ab.LEVELS_FIGURE.format(arm="b")).exists()
+
+
+def test_reflect_segment_arms_can_prefill_every_continued_segment():
+  """A continued segment prefills its prompt and the response so far: the
+  largest prefill bucket must hold the longest prompt the sequence allows
+  plus all but the last budget of the longest response."""
+  from experiments import reflect_tiny
+  a = ab.load_ablation(f"{ABLATIONS}:reflect_segments")
+  longest_prompt = reflect_tiny.SEQ_LEN - reflect_tiny.MAX_RESPONSE
+  for run in a.plan("/w", 1):
+    cfg = a.run_config(run)
+    rl = cfg.rl
+    if rl.token_budget < rl.max_response_len:
+      need = longest_prompt + rl.max_response_len - rl.token_budget
+      assert max(cfg.sampler.prefill_buckets) >= need, run.arm
