@@ -39,9 +39,12 @@ _SHAREABLE_PREFIXES = ("rl.", "prompt_sampling.")
 _NOT_SHAREABLE = ("rl.eval_samples", "rl.max_response_len",
                   "rl.samples_per_prompt", "rl.max_wait_iterations")
 # Keys of a pipeline config that its data and vanilla-SFT stages do not
-# read (they are read by curation, the warm-up data and the main job).
+# read (they are read by curation, the warm-up data and the main job), or
+# read only to pad the prompts of the vanilla model's evaluation, never
+# what it trains on (the prefill buckets).
 _PIPELINE_SHAREABLE = ("curate.", "warmup.", "pipeline.curate",
-                       "pipeline.warmup_from", "pipeline.long_cot_")
+                       "pipeline.warmup_from", "pipeline.long_cot_",
+                       "sampler.prefill_buckets")
 _ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
