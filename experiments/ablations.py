@@ -44,6 +44,9 @@ launch/ablate.py (kimi_jax/ablation/). Results: docs/ablations.md.
   reflect_baseline  sampling, length_penalty, partial_segments and
                     baseline on experiments/reflect_tiny.py; each has the
                     shipped experiment as one arm
+  reflect_warmup    reflect_tiny from its long-CoT warm-up (shipped)
+                    against a short one (long2short_reflect.py's short
+                    baseline)
 
 `NAME,micro` (e.g. `experiments/ablations.py:loss,micro`) puts the micro
 experiment (tiny.py:micro, 3 RL iterations; gym_tiny.py:micro for
@@ -65,6 +68,7 @@ import ml_collections
 
 from experiments import gym_tiny, reflect_tiny, tiny
 from kimi_jax.ablation import nest
+from kimi_jax.long2short.pipeline import SHORT_WARMUP
 
 # RL iterations of every run (tiny.py: 80). The tiny run's held-out pass@1
 # is near its final value by iteration 40 (docs/img/eval_curves.png).
@@ -260,6 +264,20 @@ ABLATIONS = {
                          "rl.train_on_old_segments": False,
                          "sampler.prefill_buckets": SEGMENT_BUCKETS},
             "full_rollouts": {"rl.token_budget": reflect_tiny.MAX_RESPONSE},
+        }),
+    "reflect_warmup": dict(
+        description=(
+            "Report 2.2 and 3.3 (Figure 5) on reflect_tiny.py: RL from the "
+            "long-CoT warm-up (rows sampled under the cue that asks for a "
+            "full search, the shipped setting) against RL from a short "
+            "warm-up (rows sampled for the plain prompt, each prompt's "
+            "shortest right answer: long2short_reflect.py's short-only "
+            "baseline); does RL lengthen the short model's responses, most "
+            "on the hardest level?"),
+        experiment="reflect_tiny",
+        arms={
+            "long_cot": {},
+            "short": {f"warmup.{k}": v for k, v in SHORT_WARMUP.items()},
         }),
     "reflect_baseline": dict(
         description=(

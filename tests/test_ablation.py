@@ -22,7 +22,8 @@ TINY = os.path.join(ROOT, "experiments", "tiny.py")
 NAMES = ("loss", "sampling", "length_penalty", "partial_segments", "baseline",
          "curation", "curation_spelling", "curation_guessable", "recipe",
          "reflect_lr", "reflect_loss", "reflect_sampling",
-         "reflect_length_penalty", "reflect_segments", "reflect_baseline")
+         "reflect_length_penalty", "reflect_segments", "reflect_baseline",
+         "reflect_warmup")
 
 
 def _toy(arms=None, **extra) -> ml_collections.ConfigDict:

@@ -73,6 +73,10 @@ from kimi_jax.step_loop import Cycle, Progress, discard, run_steps, settings_key
 
 RESULT_FILE = "long2short.json"
 FIGURE_FILE = "token_efficiency.png"
+# The short-only baseline's warm-up section of a gym pipeline
+# (short_pipeline_config).
+SHORT_WARMUP = {"template": "{prompt}", "keep": "shortest",
+                "accept": "answer"}
 # Shortest rejection sampling's SFT rows, in its stage directory.
 RS_ROWS_FILE = "sft_rows.jsonl"
 
@@ -159,8 +163,7 @@ def short_pipeline_config(sections: ml_collections.ConfigDict
   answer or a short search ending in a guess has no checked path for a
   step check to verify."""
   c = _copy(sections)
-  c.warmup.update(dict(template="{prompt}", keep="shortest",
-                       accept="answer"))
+  c.warmup.update(SHORT_WARMUP)
   return c
 
 
