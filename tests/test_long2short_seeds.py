@@ -85,3 +85,12 @@ def test_run_gives_each_seed_its_own_workdir_and_writes_the_aggregate(
   assert agg["seeds"] == [3, 4]
   with open(tmp_path / seeds.FIGURE_FILE, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  # A seed whose comparison is written is read back, not run again.
+  os.makedirs(tmp_path / "seed3", exist_ok=True)
+  with open(tmp_path / "seed3" / "long2short.json", "w") as f:
+    json.dump(_result(0.9, 10.0, 0.8, 5.0), f)
+  calls.clear()
+  again = seeds.run(config, str(tmp_path), 2, run_fn=one_run)
+  assert calls == [(4, str(tmp_path / "seed4"))]
+  assert again["methods"]["long"]["eval"]["pass_at_1"]["values"] == [0.9,
+                                                                      0.7]

@@ -9,6 +9,7 @@ the paired difference removes that part.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Callable, Mapping
 
@@ -89,15 +90,24 @@ def run(config: ml_collections.ConfigDict, workdir: str, n: int, *,
         run_fn: Callable[[ml_collections.ConfigDict, str], Mapping[str, Any]]
         | None = None) -> dict[str, Any]:
   """Seeds config.seed .. config.seed + n - 1, each a whole long2short run
-  in workdir/seed<S> (finished stages skipped), then their aggregate in
-  workdir/RESULT_FILE and the figure at the means; returns the aggregate."""
+  in workdir/seed<S> (a seed with its comparison written is read back, an
+  unfinished one continues past its finished stages), then their
+  aggregate in workdir/RESULT_FILE and the figure at the means; returns
+  the aggregate."""
   run_fn = run_fn or pipeline.run
   per_seed = {}
   for seed in range(int(config.seed), int(config.seed) + n):
     one = ml_collections.ConfigDict(config.to_dict())
     one.seed = seed
-    log(f"long2short: seed {seed} -> {workdir}/seed{seed}")
-    per_seed[seed] = run_fn(one, os.path.join(workdir, f"seed{seed}"))
+    path = os.path.join(workdir, f"seed{seed}")
+    done = os.path.join(path, pipeline.RESULT_FILE)
+    if os.path.isfile(done):
+      log(f"long2short: seed {seed} finished, {done}")
+      with open(done) as f:
+        per_seed[seed] = json.load(f)
+      continue
+    log(f"long2short: seed {seed} -> {path}")
+    per_seed[seed] = run_fn(one, path)
   agg = aggregate(per_seed)
   write_json(os.path.join(workdir, RESULT_FILE), agg)
   report.plot_token_efficiency(
