@@ -24,7 +24,7 @@ for tests.
 
 import ml_collections
 
-from experiments import reflect_tiny
+from experiments import long2short_tiny, reflect_tiny
 
 # k attempts and the answer take 6k + 3 tokens with eos (one token per
 # character): 33 fits the full search of 5 candidates, every search of
@@ -46,7 +46,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       eval_samples=8,
       eval_val=True,
   ))
-  c.merge = ml_collections.ConfigDict(dict(alpha=0.5))  # simple averaging
+  tiny_l2s = long2short_tiny.get_config()
+  # Simple averaging, as in the tiny.
+  c.merge = ml_collections.ConfigDict(tiny_l2s.merge.to_dict())
   # The tiny's 60 steps and constant rate at a tenth of the first SFT's
   # (3e-3 there, 2e-3 here, so 2e-4: the long-CoT stage's peak), in
   # reflect_tiny's batches of 32 rows of 96 tokens: 60 x 32 x 96 = 184k
@@ -54,10 +56,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.shortest_rs = ml_collections.ConfigDict(dict(
       steps=60, batch_size=32, learning_rate=2e-4, warmup_steps=10))
   # The tiny's DPO as it is (30 steps: its collapse came after 40).
-  c.dpo = ml_collections.ConfigDict(dict(
-      beta=0.1, long_ratio=1.5, steps=30, batch_pairs=32,
-      learning_rate=1e-4, warmup_steps=10, grad_clip=1.0, nll_weight=0.0,
-      checkpoint_every=100))
+  c.dpo = ml_collections.ConfigDict(tiny_l2s.dpo.to_dict())
   # The long RL phase's settings except: length penalty 0 -> 1 from the
   # first iteration (the tiny's weight), rollout cap 56 -> 33 (above), and
   # as many prompts as the tiny's phase saw of its train set (12 x 32 of
