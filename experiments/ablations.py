@@ -80,6 +80,21 @@ SEGMENT_BUCKETS = (16, 32, 48, 64, 96)
 # RL iterations of experiments/reflect_tiny.py, which its ablations keep.
 REFLECT_ITERATIONS = reflect_tiny.get_config().rl.iterations
 
+
+def sampling_arms(iterations: int, hard_threshold: float) -> dict:
+  """Uniform, a curriculum (every problem for a warm-up of the first
+  quarter of the run, then difficulty >= hard_threshold only) and
+  prioritized sampling."""
+  return {
+      "uniform": {"prompt_sampling.prioritized": False},
+      "curriculum": {"prompt_sampling.prioritized": False,
+                     "prompt_sampling.curriculum": "warmup_then_hard",
+                     "prompt_sampling.warmup_iterations": iterations // 4,
+                     "prompt_sampling.hard_threshold": hard_threshold},
+      "prioritized": {"prompt_sampling.prioritized": True},
+  }
+
+
 # The curation ablations' arms: the pipeline with curation on, then off.
 CURATION_ARMS = {
     "curated": {"pipeline.curate": True},
@@ -102,17 +117,9 @@ ABLATIONS = {
             "then hard problems only) beats uniform sampling; 2.3.4: "
             "prioritized sampling by 1 - success rate learns faster and "
             "ends higher than uniform."),
-        arms={
-            "uniform": {"prompt_sampling.prioritized": False},
-            # Hard: difficulty (the number of steps n, 1..8) >= 5, the upper
-            # half. Warm-up: the first quarter of the run.
-            "curriculum": {"prompt_sampling.prioritized": False,
-                           "prompt_sampling.curriculum": "warmup_then_hard",
-                           "prompt_sampling.warmup_iterations":
-                               RL_ITERATIONS // 4,
-                           "prompt_sampling.hard_threshold": 5.0},
-            "prioritized": {"prompt_sampling.prioritized": True},
-        }),
+        # Hard: difficulty (the number of steps n, 1..8) >= 5, the upper
+        # half.
+        arms=sampling_arms(RL_ITERATIONS, hard_threshold=5.0)),
     "length_penalty": dict(
         description=(
             "Report 2.3.3: the length reward restrains the growth of "
@@ -223,15 +230,7 @@ ABLATIONS = {
             "4 only) against uniform sampling; 2.3.4: prioritized sampling "
             "by 1 - success rate (the shipped setting) against uniform."),
         experiment="reflect_tiny",
-        arms={
-            "uniform": {"prompt_sampling.prioritized": False},
-            "curriculum": {"prompt_sampling.prioritized": False,
-                           "prompt_sampling.curriculum": "warmup_then_hard",
-                           "prompt_sampling.warmup_iterations":
-                               REFLECT_ITERATIONS // 4,
-                           "prompt_sampling.hard_threshold": 3.0},
-            "prioritized": {"prompt_sampling.prioritized": True},
-        }),
+        arms=sampling_arms(REFLECT_ITERATIONS, hard_threshold=3.0)),
     "reflect_length_penalty": dict(
         description=(
             "Report 2.3.3 on reflect_tiny.py, where correct responses vary "

@@ -16,10 +16,10 @@ from typing import Any, Callable, Mapping
 import ml_collections
 
 from kimi_jax.ablation.stats import stat
+from kimi_jax.ablation.table import fmt_signed, fmt_stat
 from kimi_jax.infra.console import log
 from kimi_jax.infra.files import write_json
 from kimi_jax.long2short import pipeline, report
-from kimi_jax.ablation.table import fmt_signed, fmt_stat
 
 # The per-method figures gathered, in each split's record.
 METRICS = ("pass_at_1", "mean_tokens")
