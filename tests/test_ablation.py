@@ -327,6 +327,41 @@ def test_aggregate_mean_and_sample_std_by_hand(tmp_path):
     assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_groups_per_task_are_summed_over_iterations_by_hand(tmp_path):
+  """What each arm spent on each task: per-task groups scored and trained,
+  summed over a run's RL rows (a step logged twice, as after a resume,
+  counts once, its last row), then mean ± std over seeds."""
+  a = ab.parse_ablation(_toy())
+  plan = a.plan(str(tmp_path), 2)
+  by = {(r.arm, r.seed - 10): r.workdir for r in plan}
+  rows = {0: [(1, {"spell": 3, "syl": 5}, {"spell": 2, "syl": 1}),
+              (2, {"spell": 9}, {"spell": 9}),  # replaced below
+              (2, {"spell": 4, "syl": 4}, {"spell": 4}),
+              (3, {"syl": 8}, None)],
+          1: [(1, {"spell": 8}, {"spell": 6}),
+              (2, {"spell": 6, "syl": 2}, {"spell": 5, "syl": 2})]}
+  for k, its in rows.items():
+    _fake_run(by["a", k], _evals(0.5, 0.5, 4.0), None, {1: 0.1},
+              {0: 0.1})
+    with open(os.path.join(by["a", k], "metrics.jsonl"), "a") as f:
+      for step, scored, trained in its:
+        row = {"stage": "rl", "step": step, "groups_by_task": scored}
+        if trained is not None:
+          row["groups_trained_by_task"] = trained
+        f.write(json.dumps(row) + "\n")
+  # Seed 10: scored spell 3 + 4 = 7, syl 5 + 4 + 8 = 17; trained spell
+  # 2 + 4 = 6, syl 1. Seed 11: scored spell 14, syl 2; trained spell 11,
+  # syl 2.
+  got = ab.aggregate(a, plan)["arms"]["a"]["groups_by_task"]
+  assert got["scored"]["spell"]["values"] == [7, 14]
+  assert got["scored"]["syl"]["values"] == [17, 2]
+  assert got["trained"]["spell"]["values"] == [6, 11]
+  assert got["trained"]["syl"]["values"] == [1, 2]
+  assert got["trained"]["spell"]["mean"] == pytest.approx(8.5)
+  assert got["scored"]["syl"]["std"] == pytest.approx(
+      math.sqrt(2 * 7.5 ** 2))
+
+
 def test_mean_std_by_hand():
   mean, std = ab.mean_std([1.0, 2.0, 4.0])
   assert mean == pytest.approx(7 / 3)

@@ -98,6 +98,10 @@ def assert_consumed_once(loop: dict, rl_rows: list[dict]) -> None:
   # Each iteration's per-task group counts add up to its scored groups.
   for r in rl_rows:
     assert sum(r["groups_by_task"].values()) == r["groups_scored"]
+    assert sum(r.get("groups_trained_by_task", {}).values()) == r.get(
+        "groups_trained", 0)
+    assert all(r.get("groups_trained_by_task", {}).get(t, 0) <= n
+               for t, n in r["groups_by_task"].items())
   assert loop["counters"]["groups_trained"] == sum(
       r.get("groups_trained", 0) for r in rl_rows)
 

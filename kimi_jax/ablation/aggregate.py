@@ -37,6 +37,26 @@ def _curve(series: Sequence[Mapping[int, float]]) -> dict[str, Any]:
           "std": [s for _, s in stats]}
 
 
+def task_totals(rows: Sequence[Mapping[str, Any]], key: str
+                ) -> dict[str, int]:
+  """A per-task count of the RL rows (`groups_by_task`,
+  `groups_trained_by_task`) summed over iterations; a step logged twice
+  (a resumed run) counts once, its last row."""
+  last = {int(r["step"]): r.get(key) or {} for r in rows
+          if r.get("stage") == "rl"}
+  totals: dict[str, int] = {}
+  for counts in last.values():
+    for task, n in counts.items():
+      totals[task] = totals.get(task, 0) + int(n)
+  return totals
+
+
+def _task_stats(counts: Sequence[Mapping[str, int]]) -> dict[str, Any]:
+  """Mean ± std over seeds of each task's count (0 where a run has none)."""
+  tasks = sorted(set().union(*counts))
+  return {t: stat([c.get(t, 0) for c in counts]) for t in tasks}
+
+
 def read_run(run: Run, metrics_path: str) -> dict[str, Any]:
   """A finished run's final evaluation and per-iteration curves (from
   `metrics_path`: `Ablation.metrics_path(run)`)."""
@@ -62,6 +82,9 @@ def read_run(run: Run, metrics_path: str) -> dict[str, Any]:
           "final_val": summary.get("final_val"),
           "iterations": summary.get("iterations"), "curves": curves,
           "levels": run_levels(summary),
+          "groups_by_task": {
+              "scored": task_totals(rows, "groups_by_task"),
+              "trained": task_totals(rows, "groups_trained_by_task")},
           "seconds": seconds}
 
 
@@ -103,6 +126,11 @@ def aggregate(ablation: Ablation, plan: Sequence[Run]) -> dict[str, Any]:
         "curves": {k: _curve([d["curves"][k] for d in data]) for k in keys
                    if all(d["curves"][k] for d in data)},
         "run_seconds": [d["seconds"] for d in data],
+        # RL groups per task over the run: where the rollouts and the
+        # updates went (a mixed prompt set spends some on each task).
+        "groups_by_task": {
+            kind: _task_stats([d["groups_by_task"][kind] for d in data])
+            for kind in ("scored", "trained")},
         "by_difficulty": aggregate_levels([d["levels"] for d in data]),
     }
   reference = ablation.arm_names[0]

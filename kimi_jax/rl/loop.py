@@ -69,7 +69,14 @@ def by_task(tasks_P: Sequence[str], correct_PxK: np.ndarray
   tasks = np.asarray(tasks_P)
   names = sorted(set(tasks.tolist()))
   return ({t: float(correct_PxK[tasks == t].mean()) for t in names},
-          {t: int((tasks == t).sum()) for t in names})
+          count_by_task(list(tasks_P)))
+
+
+def count_by_task(tasks: Sequence[str]) -> dict[str, int]:
+  """How many of the groups belong to each task: the trained groups per
+  task say how many updates each task drove (a compute-matched comparison
+  counts them)."""
+  return {t: tasks.count(t) for t in sorted(set(tasks))}
 
 
 def _p95(x) -> float:
@@ -341,6 +348,9 @@ class RLLoop:
           mbs = _signal_first(mbs)
         train, train_stats = self.learner.train(train, mbs)
         row.update(train_stats, groups_trained=len(kept),
+                   groups_trained_by_task=count_by_task(
+                       [task_of(self.task.train[g.prompt_index])
+                        for g in kept]),
                    trained_tokens=sum(t.length for g in kept
                                       for t in g.trajectories))
       state.prompts.update([g.prompt_index for g in groups],
