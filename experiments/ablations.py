@@ -103,7 +103,6 @@ CURATION_ARMS = {
 }
 
 
-
 def matched_curation_arms(base: ml_collections.ConfigDict) -> dict:
   """The curation arms and a compute-matched control for a raw pool whose
   guessable prompts are as many as the benchmark task's (gym_tiny.py's

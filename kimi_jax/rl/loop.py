@@ -260,6 +260,10 @@ class RLLoop:
     }
     return buffer.complete_groups(), stats
 
+  def tasks_of(self, groups: Sequence[replay_buffer.Group]) -> list[str]:
+    """Each group's task (`task_of` its prompt's record)."""
+    return [task_of(self.task.train[g.prompt_index]) for g in groups]
+
   def score(self, it: int, groups: list[replay_buffer.Group]
             ) -> tuple[Scores, dict[str, float]]:
     """Rewards of every response in every completed group, P x K."""
@@ -284,8 +288,7 @@ class RLLoop:
                                 length_weight=weight,
                                 repeat_penalty=rl.repeat_penalty)
     partial = np.array([len(t.segments) > 1 for t in trajs])
-    acc_by_task, groups_by_task = by_task(
-        [task_of(task.train[g.prompt_index]) for g in groups], correct)
+    acc_by_task, groups_by_task = by_task(self.tasks_of(groups), correct)
     stats = {
         "reward": float(total.mean()), "task_reward": float(task_r.mean()),
         "accuracy": float(correct.mean()),
@@ -349,8 +352,7 @@ class RLLoop:
         train, train_stats = self.learner.train(train, mbs)
         row.update(train_stats, groups_trained=len(kept),
                    groups_trained_by_task=count_by_task(
-                       [task_of(self.task.train[g.prompt_index])
-                        for g in kept]),
+                       self.tasks_of(kept)),
                    trained_tokens=sum(t.length for g in kept
                                       for t in g.trajectories))
       state.prompts.update([g.prompt_index for g in groups],
