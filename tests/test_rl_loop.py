@@ -82,6 +82,25 @@ def test_micro_run_with_a_queue_keeps_every_group(tmp_path):
       assert 1 <= end - start <= cfg.rl.token_budget
 
 
+def test_rest_counts_only_the_groups_it_trains(tmp_path):
+  """ReST skips groups with no verified response: those are scored but not
+  trained, and the per-task trained counts must leave them out. Enough SFT
+  that some groups, not all, have one."""
+  cfg = micro(**{"rl.loss": "rest", "rl.iterations": 2, "sft.steps": 120,
+                 "checkpoint.every_iterations": 2})
+  job_lib.train_and_evaluate(cfg, str(tmp_path))
+  rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  rl_rows = [r for r in rows if r["stage"] == "rl"]
+  assert any(0 < r.get("groups_trained", 0) < r["groups_scored"]
+             for r in rl_rows)
+  for r in rl_rows:
+    assert r.get("groups_trained", 0) == (r["groups_scored"]
+                                          - r["groups_uninformative"])
+  loop = ckpt_lib.Checkpointer(
+      str(tmp_path / "checkpoints")).restore_host()["loop"]
+  assert_consumed_once(loop, rl_rows)
+
+
 def assert_consumed_once(loop: dict, rl_rows: list[dict]) -> None:
   """Every group ever opened was consumed exactly once or is in flight.
 
