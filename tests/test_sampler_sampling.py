@@ -73,6 +73,58 @@ def test_sampled_frequencies_follow_truncated_distribution():
                              atol=1e-5)
 
 
+@pytest.mark.parametrize("never", [None, 1])
+def test_untruncated_draws_follow_the_tempered_distribution(never):
+  """Slots without top-k / top-p draw in token order (no sort): the
+  frequencies still follow softmax(logits / T), and `never` is never drawn."""
+  n = 6000
+  logits = jnp.broadcast_to(jnp.asarray(LOGITS), (n, 5))
+  tokens, logprobs = jax.jit(sampling.sample_tokens, static_argnums=3)(
+      logits, _slots(n, 0.8, seed=3), jnp.arange(n, dtype=jnp.int32), never)
+  freq = np.bincount(np.asarray(tokens), minlength=5) / n
+  kept = [t for t in range(5) if t != never]
+  want = np.zeros(5)
+  want[kept] = _softmax(LOGITS[kept] / 0.8)
+  np.testing.assert_allclose(freq, want, atol=4 * np.sqrt(0.25 / n))
+  log_model = LOGITS - np.log(np.exp(LOGITS).sum())
+  np.testing.assert_allclose(np.asarray(logprobs),
+                             log_model[np.asarray(tokens)], atol=1e-5)
+
+
+@pytest.mark.parametrize("u,token", [
+    (0.0, 1), (0.2499, 1), (0.25, 2), (0.7499, 2), (0.75, 4), (0.9999, 4)])
+def test_token_order_draw_hand_cases(u, token):
+  """probs (0, 1/4, 1/2, 0, 1/4): token j takes u in [cdf_{j-1}, cdf_j),
+  so the zero-probability tokens 0 and 3 are never drawn, even at u = 0."""
+  scaled = jnp.log(jnp.asarray([[0.0, 0.25, 0.5, 0.0, 0.25]], jnp.float32))
+  got = sampling.draw_in_token_order(scaled, jnp.asarray([u], jnp.float32))
+  assert int(got[0]) == token
+
+
+def test_a_slots_draw_does_not_depend_on_the_other_slots_settings():
+  """Whether any slot truncates (and so whether the sort runs) changes no
+  other slot's token."""
+  rng = np.random.default_rng(2)
+  logits = jnp.asarray(rng.normal(size=(16, 50)), jnp.float32)
+  index = jnp.arange(16, dtype=jnp.int32)
+  plain = _slots(16, 0.9)
+  mixed = plain._replace(top_k=plain.top_k.at[0].set(3),
+                         top_p=plain.top_p.at[1].set(0.5))
+  plain_tokens, _ = _sample(logits, plain, index)
+  mixed_tokens, _ = _sample(logits, mixed, index)
+  np.testing.assert_array_equal(np.asarray(plain_tokens)[2:],
+                                np.asarray(mixed_tokens)[2:])
+  # Without the ranking compiled in (no slot truncates), the same draws.
+  unranked, _ = jax.jit(sampling.sample_tokens, static_argnums=(3, 4))(
+      logits, plain, index, None, False)
+  np.testing.assert_array_equal(np.asarray(unranked), np.asarray(plain_tokens))
+  for b in (0, 1):  # the truncating slots draw from what they keep
+    one = jax.tree_util.tree_map(lambda x: x[b:b + 1], mixed)
+    probs, order = _truncated(logits[b:b + 1], one)
+    kept = set(np.asarray(order)[np.asarray(probs) > 0].tolist())
+    assert len(kept) < 50 and int(mixed_tokens[b]) in kept
+
+
 def test_keys_depend_on_seed_and_index_not_on_slot():
   rng = np.random.default_rng(0)
   logits = jnp.asarray(rng.normal(size=(64, 50)), jnp.float32)

@@ -129,6 +129,23 @@ def from_decode_cache(cache: DecodeCache, lengths_B: jax.Array) -> KVCache:
                  local_k=keys(cache.local_k), local_v=values(cache.local_vt))
 
 
+def rows_prefix(cache: DecodeCache, n: int) -> DecodeCache:
+  """The first n entries of the full-attention layers' rows (sliding rings
+  whole). A generate call whose view is n reads and writes only these, so
+  it takes them out once per call and steps over them: a slice is a copy,
+  and slicing the view in every step copied it once per token."""
+  return cache._replace(k=[k[:, :, :n] for k in cache.k],
+                        vt=[vt[..., :n] for vt in cache.vt])
+
+
+def with_rows_prefix(cache: DecodeCache, prefix: DecodeCache) -> DecodeCache:
+  """`cache` with `rows_prefix(cache, n)` replaced by `prefix`."""
+  put = lambda full, part: jax.lax.dynamic_update_slice(
+      full, part.astype(full.dtype), (0,) * full.ndim)
+  return prefix._replace(k=[put(f, p) for f, p in zip(cache.k, prefix.k)],
+                         vt=[put(f, p) for f, p in zip(cache.vt, prefix.vt)])
+
+
 # ---- one layer --------------------------------------------------------------
 
 

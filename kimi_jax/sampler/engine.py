@@ -59,8 +59,8 @@ from kimi_jax.model.config import ModelConfig
 from kimi_jax.sampler.pages import HostBook, PageTable, PoolExhausted
 from kimi_jax.sampler.repetition import repeating_on_device
 from kimi_jax.sampler.sampling import (SamplingParams, SlotSampling,
-                                       empty_slot_sampling, sample_tokens,
-                                       stacked_slot_sampling)
+                                       any_truncate, empty_slot_sampling,
+                                       sample_tokens, stacked_slot_sampling)
 from kimi_jax.sharding import Sharder, abstract_arrays, tree_bytes_per_device
 from kimi_jax.token_rows import image_slots, put_images
 from kimi_jax.vision.merge import RowImages
@@ -267,7 +267,8 @@ class Prefix(NamedTuple):
   sampled token and its log-prob. index: response index of the token after
   `token`. Every field but the caches has a leading N; rows past the real
   sequences are padding. host_length: the real lengths as the host knows
-  them (numpy; not passed to the device). experts: with
+  them, host_ranked: whether each row's request draws by rank (numpy; not
+  passed to the device). experts: with
   `EngineConfig.record_experts`, the experts every prefilled token went to
   in each MoE layer (N x bucket x Lm x K, `moe.expert_id_dtype`; entries
   past a row's length are padding); None otherwise.
@@ -284,6 +285,7 @@ class Prefix(NamedTuple):
   local_v: jax.Array | None = None
   host_length: np.ndarray | None = None
   experts: jax.Array | None = None
+  host_ranked: np.ndarray | None = None
 
 
 class Engine:
@@ -328,9 +330,10 @@ class Engine:
     self._init_jit = jax.jit(self._init_fn,
                              out_shardings=self._state_shardings)
     self._generate_jit = jax.jit(self._generate_fn,
-                                 static_argnums=(2, 3, 4),
+                                 static_argnums=(2, 3, 4, 5),
                                  donate_argnums=(0,))
-    self._prefill_batch_jit = jax.jit(self._prefill_batch_fn)
+    self._prefill_batch_jit = jax.jit(self._prefill_batch_fn,
+                                      static_argnames=("ranked",))
     self._insert_batch_jit = jax.jit(self._insert_batch_fn,
                                      donate_argnums=(0,),
                                      out_shardings=self._state_shardings)
@@ -564,7 +567,7 @@ class Engine:
     view, pages_BxV = self._view_for_call(book, left_B)
     state, tokens_NxB, logprobs_NxB, experts, lengths_B = self._call(
         self._generate_jit, state, params, int(n_steps),
-        (watch.ngram, watch.times), view,
+        (watch.ngram, watch.times), view, book.any_ranked(),
         *self._put_slots((left_B, stop_BxW,
                           np.asarray(watch.tail_BxW, np.int32),
                           np.asarray(watch.length_B, np.int32),
@@ -642,10 +645,12 @@ class Engine:
       tokens_NxT[i, :len(seq)] = seq
       lengths_N[i] = len(seq)
       first_N[i] = first_indices[i]
+    ranked_N = np.zeros((N,), bool)
+    ranked_N[:n] = [any_truncate([p]) for p in samplings]
     prefix = self._prefill_batch_jit(params, *self._put((
         tokens_NxT, lengths_N, stacked_slot_sampling(samplings, N), first_N,
-        self._row_images(images, n, N))))
-    return prefix._replace(host_length=lengths_N)
+        self._row_images(images, n, N))), ranked=bool(ranked_N.any()))
+    return prefix._replace(host_length=lengths_N, host_ranked=ranked_N)
 
   def _row_images(self, images: Sequence[np.ndarray | None] | None, n: int,
                   N: int) -> RowImages | None:
@@ -698,11 +703,14 @@ class Engine:
     if book.pages is not None:
       pages = (self._insert_pages(book.pages, slots, host_N,
                                   prefix.k.shape[2]),)
+    ranked_N = (np.ones((N,), bool) if prefix.host_ranked is None else
+                prefix.host_ranked)
     for i, slot in enumerate(slots):
       if slot is not None:
-        book.set(slot, int(host_N[i]))
+        book.set(slot, int(host_N[i]), bool(ranked_N[i]))
     return self._call(self._insert_batch_jit, state,
-                      prefix._replace(host_length=None, experts=None),
+                      prefix._replace(host_length=None, experts=None,
+                                      host_ranked=None),
                       *self._put((slots_N,) + pages))
 
   @staticmethod
@@ -781,7 +789,7 @@ class Engine:
     return {
         "sampler_prefill": (self._prefill_batch_jit, prefill),
         "sampler_generate": (self._generate_jit, (
-            state, decode_params, int(n_steps), (ngram, times), view,
+            state, decode_params, int(n_steps), (ngram, times), view, True,
             slots(), slots(DEVICE_STOP_TOKENS), slots(ngram * times),
             slots(), slots(dtype=np.bool_)) + pages + (host((), np.int32),)),
     }
@@ -856,7 +864,8 @@ class Engine:
 
   def _prefill_batch_fn(self, params, tokens_NxT, lengths_N,
                         sampling_N: SlotSampling, first_N,
-                        images: RowImages | None = None) -> Prefix:
+                        images: RowImages | None = None, *,
+                        ranked: bool = True) -> Prefix:
     self._traces["prefill_batch"] += 1
     N, T = tokens_NxT.shape
     positions_NxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (N, T))
@@ -874,7 +883,7 @@ class Engine:
                                      axis=1)
     last_NxV = transformer.unembed(params, last_Nx1xD, cfg=self.cfg)[:, 0]
     tokens_N, logprobs_N = self._replicated(
-        sample_tokens(last_NxV, sampling_N, first_N, self._never))
+        sample_tokens(last_NxV, sampling_N, first_N, self._never, ranked))
     return Prefix(k=cache.k, v=cache.v, length=lengths_N, token=tokens_N,
                   logprob=logprobs_N, index=first_N + 1, sampling=sampling_N,
                   local_k=cache.local_k, local_v=cache.local_v,
@@ -942,15 +951,18 @@ class Engine:
 
   def _generate_fn(self, state: DecodeState,
                    params: decode.DecodeParams, n_steps: int,
-                   repeat_rule: tuple[int, int], view: int, steps_left_B,
-                   stop_BxW, tail_BxW, length_B, first_B, *rest):
+                   repeat_rule: tuple[int, int], view: int, ranked: bool,
+                   steps_left_B, stop_BxW, tail_BxW, length_B, first_B,
+                   *rest):
     """Up to n_steps tokens for every running slot, in one while loop.
 
     A slot runs while it is active, has steps left and has not sampled one
     of its stop tokens; the loop ends after n_steps or when no slot runs,
     and with watch_steps > 0 also after the first step (among the first
     watch_steps) at which a running slot stops or completes a repeat
-    (`FinishWatch`). Entries of slots not running are 0; rows past the end,
+    (`FinishWatch`). ranked: whether an active slot draws by rank (else the
+    sampling sort is left out, see `sample_tokens`). Entries of slots not
+    running are 0; rows past the end,
     -1. A step reads `view` entries of each row, or (paged, rest =
     (pages_BxV, watch_steps)) the `view` pages of pages_BxV; otherwise rest
     = (watch_steps,). Also returns the experts of each step's input tokens
@@ -962,7 +974,10 @@ class Engine:
     self._traces["generate"] += 1
     B = self.max_concurrent_decodes
     ngram, times = repeat_rule
-    cache = state.cache
+    # Rows: the loop steps over the view alone (`decode.rows_prefix`).
+    rows = (pages_BxV is None and bool(state.cache.k)
+            and view < state.cache.k[0].shape[2])
+    cache = decode.rows_prefix(state.cache, view) if rows else state.cache
     # A slot whose last token is one of its stop tokens has finished (its
     # first token, when the driver inserted it before reading it).
     running_B = (state.active & (steps_left_B > 0) &
@@ -991,10 +1006,10 @@ class Engine:
       logits_Bx1xV, cache, experts_BxLxK = decode.traced_decode_step(
           params, tokens_B, lengths_B, cache, cfg=self.cfg,
           sharder=self.sharder,
-          view_len=None if pages_BxV is not None else view,
+          view_len=None if pages_BxV is not None or rows else view,
           pages_BxV=pages_BxV, kernel=self.engine_cfg.attention_kernel)
       new_B, logprobs_B = sample_tokens(logits_Bx1xV[:, 0], state.sampling,
-                                        index_B, self._never)
+                                        index_B, self._never, ranked)
       run_B = running_B.astype(jnp.int32)
       stopped_B = jnp.any(stop_BxW == new_B[:, None], axis=1)
       left_B = left_B - run_B
@@ -1024,6 +1039,8 @@ class Engine:
              length_B)
     (_, tokens_B, index_B, lengths_B, _, _, cache,
      outputs, *_) = jax.lax.while_loop(go_on, step, carry)
+    if rows:
+      cache = decode.with_rows_prefix(state.cache, cache)
     state = state._replace(cache=cache, lengths=lengths_B, tokens=tokens_B,
                            index=index_B)
     if self._state_shardings is not None:

@@ -124,6 +124,9 @@ class HostBook:
   def __init__(self, n_slots: int, pages: PageTable | None):
     self._len = np.zeros((n_slots,), np.int64)
     self.active = np.zeros((n_slots,), bool)
+    # Slots whose request draws by rank (top-k / top-p): decode steps must
+    # keep the sampling sort while any of them is active.
+    self.ranked = np.zeros((n_slots,), bool)
     self.pages = pages
     self._pending = None
     self._touched = np.zeros((n_slots,), bool)
@@ -164,16 +167,23 @@ class HostBook:
                        self.lengths + 1)
     return running_B, np.minimum(reach_B, cache_len)
 
-  def set(self, slot: int, length: int) -> None:
-    """Slot now holds a sequence of `length` cache entries."""
+  def set(self, slot: int, length: int, ranked: bool = True) -> None:
+    """Slot now holds a sequence of `length` cache entries (whose request
+    draws by rank, or not)."""
     self.lengths[slot] = length
     self.active[slot] = True
+    self.ranked[slot] = ranked
     self._touched[slot] = True
+
+  def any_ranked(self) -> bool:
+    """Whether an active slot draws by rank."""
+    return bool(np.any(self.ranked & self.active))
 
   def clear(self, mask_B: np.ndarray) -> None:
     """The masked slots are free (their pages go back to the pool)."""
     self.lengths[mask_B] = 0
     self.active[mask_B] = False
+    self.ranked[mask_B] = False
     self._touched[mask_B] = True
     if self.pages is not None:
       for b in np.flatnonzero(mask_B):

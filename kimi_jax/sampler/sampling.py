@@ -178,16 +178,57 @@ def truncated_probs(logits_BxV: jax.Array, s: SlotSampling
   return truncate_sorted(sorted_BxV, s), order_BxV
 
 
+def truncates(s: SlotSampling) -> jax.Array:
+  """Slots whose top-k or top-p cuts the distribution (B bool)."""
+  return (s.top_k > 0) | (s.top_p < 1)
+
+
+def any_truncate(params: Sequence[SamplingParams]) -> bool:
+  """Whether any of these requests draws by rank (top-k or top-p on, not
+  greedy)."""
+  return any(not p.is_greedy and (p.top_k > 0 or p.top_p < 1)
+             for p in params)
+
+
+def draw_in_token_order(scaled_BxV: jax.Array, u_B: jax.Array) -> jax.Array:
+  """Inverse-CDF draw over softmax(scaled) in token-id order: the first
+  token whose cumulative probability exceeds u * total. A token of
+  probability 0 (-inf) never has that first excess, even at u = 0."""
+  cdf_BxV = jnp.cumsum(jax.nn.softmax(scaled_BxV, axis=-1), axis=-1)
+  token_B = jnp.sum(cdf_BxV <= (u_B * cdf_BxV[:, -1])[:, None], axis=-1)
+  return jnp.minimum(token_B, scaled_BxV.shape[-1] - 1)
+
+
+def draw_by_rank(scaled_BxV: jax.Array, s: SlotSampling, u_B: jax.Array
+                 ) -> jax.Array:
+  """Inverse-CDF draw over the truncated distribution in rank order: the
+  rank is the number of ranks whose cumulative probability is below
+  u * total, so cut ranks (probability 0, at the end) are never picked.
+  The sort is one int32-key sort of the values only; the drawn rank's
+  token id is found afterwards (`token_of_rank`), the same id top_k's
+  order would give."""
+  sorted_BxV = sorted_descending(scaled_BxV)
+  cdf_BxV = jnp.cumsum(truncate_sorted(sorted_BxV, s), axis=-1)
+  rank_B = jnp.sum(cdf_BxV < (u_B * cdf_BxV[:, -1])[:, None], axis=-1)
+  rank_B = jnp.minimum(rank_B, scaled_BxV.shape[-1] - 1)
+  return token_of_rank(scaled_BxV, sorted_BxV, rank_B)
+
+
 def sample_tokens(logits_BxV: jax.Array, s: SlotSampling, index_B: jax.Array,
-                  never: int | None = None) -> tuple[jax.Array, jax.Array]:
+                  never: int | None = None, ranked: bool = True
+                  ) -> tuple[jax.Array, jax.Array]:
   """Draws one token per slot; returns (tokens_B int32, logprobs_B float32).
 
-  Inverse-CDF draw over the sorted truncated distribution: the rank is the
-  number of ranks whose cumulative probability is below u * total, so cut
-  ranks (probability 0, at the end) are never picked. One uniform per token
-  keeps the random-number code (slow to compile on CPU) small. The sort is
-  one int32-key sort of the values only; the drawn rank's token id is found
-  afterwards (`token_of_rank`), the same id top_k's order would give.
+  One uniform per token (random-number code is slow to compile on CPU),
+  turned into a token by the inverse CDF: in token-id order for a slot
+  that samples the whole tempered distribution (the RL default), in rank
+  order for a slot with top-k or top-p (`draw_by_rank`). A slot's draw
+  depends only on its own settings, seed and index, never on the other
+  slots. ranked=False leaves the ranking (its sort) out of the program:
+  the caller, which knows every slot's settings on the host, promises that
+  no slot truncates (`any_truncate`). A static choice, not a `lax.cond`:
+  on a multi-device CPU mesh a conditional holding collectives could
+  deadlock.
   logprobs_B[b] = log_softmax(logits_BxV[b])[tokens_B[b]] (untempered).
 
   never: a token that is never drawn (a vision model's image placeholder:
@@ -199,12 +240,11 @@ def sample_tokens(logits_BxV: jax.Array, s: SlotSampling, index_B: jax.Array,
   if never is not None:
     logits_BxV = logits_BxV.at[:, never].set(-jnp.inf)
   scaled_BxV = logits_BxV / s.temperature[:, None]
-  sorted_BxV = sorted_descending(scaled_BxV)
-  cdf_BxV = jnp.cumsum(truncate_sorted(sorted_BxV, s), axis=-1)
   u_B = token_uniforms(s.seed, index_B)
-  rank_B = jnp.sum(cdf_BxV < (u_B * cdf_BxV[:, -1])[:, None], axis=-1)
-  rank_B = jnp.minimum(rank_B, logits_BxV.shape[-1] - 1)
-  drawn_B = token_of_rank(scaled_BxV, sorted_BxV, rank_B)
+  drawn_B = draw_in_token_order(scaled_BxV, u_B)
+  if ranked:
+    drawn_B = jnp.where(truncates(s), draw_by_rank(scaled_BxV, s, u_B),
+                        drawn_B)
   tokens_B = jnp.where(s.greedy, jnp.argmax(logits_BxV, axis=-1),
                        drawn_B).astype(jnp.int32)
   logp_BxV = jax.nn.log_softmax(full_BxV, axis=-1)
