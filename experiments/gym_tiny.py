@@ -173,12 +173,12 @@ def spelling_with_room(c: ml_collections.ConfigDict) -> None:
   c.reward.name = "reasoning_gym_steps"
   c.sampler.cache_len = 128
   # Three departures from the report, measured together against its recipe
-  # as written (ablations.py:recipe, seeds 0-1, the default variant):
+  # as written (ablations.py:recipe, seeds 0-2, the default variant):
   # Adam's state kept across iterations (2.3.2 resets it), the easy-to-hack
-  # step off (2.1; it dropped 28 and 30 of 2000 prompts) and the shortest
+  # step off (2.1; it dropped 28, 30 and 2 of 2000 prompts) and the shortest
   # verified warm-up response kept (the base's warmup.keep; 2.2 asks for
-  # none in particular). Validation pass@1 after RL 0.837 against 0.798,
-  # lower by 0.040 on both seeds; held out 0.797 against 0.782.
+  # none in particular). Validation pass@1 after RL 0.803 against 0.772,
+  # the recipe lower on every seed; held out 0.771 against 0.760.
   c.rl.update(iterations=60, eval_every=20, reset_optimizer=False,
               max_response_len=64, token_budget=64)
   c.curate.update(pass_max_tokens=64, easy_to_hack=False)
