@@ -59,8 +59,8 @@ from kimi_jax.model.config import ModelConfig
 from kimi_jax.sampler.pages import HostBook, PageTable, PoolExhausted
 from kimi_jax.sampler.repetition import repeating_on_device
 from kimi_jax.sampler.sampling import (SamplingParams, SlotSampling,
-                                       any_truncate, empty_slot_sampling,
-                                       sample_tokens, stacked_slot_sampling)
+                                       empty_slot_sampling, sample_tokens,
+                                       stacked_slot_sampling)
 from kimi_jax.sharding import Sharder, abstract_arrays, tree_bytes_per_device
 from kimi_jax.token_rows import image_slots, put_images
 from kimi_jax.vision.merge import RowImages
@@ -646,7 +646,7 @@ class Engine:
       lengths_N[i] = len(seq)
       first_N[i] = first_indices[i]
     ranked_N = np.zeros((N,), bool)
-    ranked_N[:n] = [any_truncate([p]) for p in samplings]
+    ranked_N[:n] = [p.draws_by_rank for p in samplings]
     prefix = self._prefill_batch_jit(params, *self._put((
         tokens_NxT, lengths_N, stacked_slot_sampling(samplings, N), first_N,
         self._row_images(images, n, N))), ranked=bool(ranked_N.any()))

@@ -69,6 +69,12 @@ class SamplingParams:
   def is_greedy(self) -> bool:
     return bool(self.greedy) or self.temperature == 0
 
+  @property
+  def draws_by_rank(self) -> bool:
+    """Top-k or top-p cuts this request's distribution (the host's side of
+    `truncates`)."""
+    return not self.is_greedy and (self.top_k > 0 or self.top_p < 1)
+
 
 class SlotSampling(NamedTuple):
   """Sampling settings of B slots as arrays (B may be () for one request)."""
@@ -183,13 +189,6 @@ def truncates(s: SlotSampling) -> jax.Array:
   return (s.top_k > 0) | (s.top_p < 1)
 
 
-def any_truncate(params: Sequence[SamplingParams]) -> bool:
-  """Whether any of these requests draws by rank (top-k or top-p on, not
-  greedy)."""
-  return any(not p.is_greedy and (p.top_k > 0 or p.top_p < 1)
-             for p in params)
-
-
 def draw_in_token_order(scaled_BxV: jax.Array, u_B: jax.Array) -> jax.Array:
   """Inverse-CDF draw over softmax(scaled) in token-id order: the first
   token whose cumulative probability exceeds u * total. A token of
@@ -226,7 +225,7 @@ def sample_tokens(logits_BxV: jax.Array, s: SlotSampling, index_B: jax.Array,
   depends only on its own settings, seed and index, never on the other
   slots. ranked=False leaves the ranking (its sort) out of the program:
   the caller, which knows every slot's settings on the host, promises that
-  no slot truncates (`any_truncate`). A static choice, not a `lax.cond`:
+  no slot truncates (`SamplingParams.draws_by_rank`). A static choice, not a `lax.cond`:
   on a multi-device CPU mesh a conditional holding collectives could
   deadlock.
   logprobs_B[b] = log_softmax(logits_BxV[b])[tokens_B[b]] (untempered).
