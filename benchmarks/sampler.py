@@ -8,12 +8,13 @@
 512, width 256, 3.94 M parameters, random weights, seed 0): B requests of
 32 random prompt tokens, 128 new tokens each at temperature 1 (top_k 0,
 top_p 1, no stop token), B = 8, 32, 64; the whole `Sampler.generate` call is
-timed (the host has the tokens at its end), median of 3 after one warm-up
-call. `ceiling_fraction_b64` = tok_s_b64 / (peak / (2 x parameters)), with
+timed (the host has the tokens at its end), median of 5 (`--repeats`)
+after one warm-up call. `ceiling_fraction_b64` = tok_s_b64 / (peak / (2 x parameters)), with
 the peak the fp32 FLOP/s of a jitted 2048^3 matmul measured in the same
 process (median of 5). With Tunix installed (requirements-peer.txt), its
-sampler runs the same requests on the same weights right after each batch
-(sampler_tunix.py): `tunix_tok_s_b{B}` and `speedup_vs_tunix_b{B}`.
+sampler runs the same requests on the same weights, its timed calls
+alternating with kimi_jax's so that a drift in the machine's speed hits
+both (sampler_tunix.py): `tunix_tok_s_b{B}` and `speedup_vs_tunix_b{B}`.
 
 Every timed section must run without compiling: a section that compiles
 (anything, counted through jax.monitoring) raises instead of reporting a
@@ -57,18 +58,20 @@ import jax
 from kimi_jax.model import transformer
 from kimi_jax.model.config import count_params
 from sampler_measure import (admission, cached_vs_recompute,
-                             continuous_vs_static, handoff_timings,
-                             throughput)
+                             continuous_vs_static, handoff_timings, prepared,
+                             throughput, throughput_row, timed_generate)
 from sampler_length import length_part, print_length
 from sampler_tables import (print_admission, print_handoff, print_peer,
                             print_table)
-from sampler_tunix import throughput as tunix_throughput
+from sampler_tunix import prepared as tunix_prepared
+from sampler_tunix import row as tunix_row
+from sampler_tunix import timed as tunix_timed
 from sampler_workloads import (DEFAULT_STEPS, NEW_TOKENS, PROMPT_LEN,
                                QWEN_SHAPED, tiny_config)
 from timing import matmul_peak_flops, pin_matmul_precision
 
 
-def peer(steps: int, batches=(8, 32, 64), repeats: int = 3) -> dict:
+def peer(steps: int, batches=(8, 32, 64), repeats: int = 5) -> dict:
   """The fixed Qwen2-shaped workload (see the module docstring)."""
   load_before = os.getloadavg()
   peak = matmul_peak_flops()
@@ -82,21 +85,26 @@ def peer(steps: int, batches=(8, 32, 64), repeats: int = 3) -> dict:
                 params=count_params(cfg), matmul_peak_flops=peak,
                 ceiling_tok_s=ceiling, rows=[])
   for b in batches:
-    row, _ = throughput(cfg, params, b, steps, repeats)
+    sampler, reqs, compile_s = prepared(cfg, params, b, steps)
+    tunix = tunix_prepared(cfg, params, b)  # Tunix's sampler (optional)
+    ours, theirs = [], []
+    for _ in range(repeats):  # alternating, so drifts in speed hit both
+      ours.append(timed_generate(sampler, params, reqs, f"throughput b{b}"))
+      if tunix is not None:
+        theirs.append(tunix_timed(tunix[0], b))
+    row = throughput_row(sampler, b, ours, compile_s)
     row["ceiling_fraction"] = row["tokens_per_s"] / ceiling
     report["rows"].append(row)
     report[f"tok_s_b{b}"] = row["tokens_per_s"]
     print(f"[peer] batch {b}: {row['tokens_per_s']:.0f} tok/s "
           f"({row['ceiling_fraction']:.3f} of the ceiling)", file=sys.stderr)
-    # Tunix's sampler on the same requests, right after (optional).
-    tunix = tunix_throughput(cfg, params, b, repeats)
     if tunix is not None:
-      row["tunix"] = tunix
-      report[f"tunix_tok_s_b{b}"] = tunix["tokens_per_s"]
+      row["tunix"] = tunix_row(b, theirs, tunix[1])
+      report[f"tunix_tok_s_b{b}"] = row["tunix"]["tokens_per_s"]
       report[f"speedup_vs_tunix_b{b}"] = (row["tokens_per_s"] /
-                                          tunix["tokens_per_s"])
-      print(f"[peer] batch {b}: Tunix {tunix['tokens_per_s']:.0f} tok/s",
-            file=sys.stderr)
+                                          row["tunix"]["tokens_per_s"])
+      print(f"[peer] batch {b}: Tunix {row['tunix']['tokens_per_s']:.0f} "
+            f"tok/s", file=sys.stderr)
   if 64 in batches:
     report["ceiling_fraction_b64"] = report["tok_s_b64"] / ceiling
   report["loadavg_before"] = load_before
@@ -146,6 +154,9 @@ def main(argv=None) -> dict:
   parser.add_argument("--json", help="write results here")
   parser.add_argument("--batches", default="8,32,64")
   parser.add_argument("--steps-per-call", type=int, default=DEFAULT_STEPS)
+  parser.add_argument("--repeats", type=int, default=5,
+                      help="--part peer: timed calls per batch and sampler "
+                           "(the median is reported)")
   parser.add_argument("--part", choices=("all", "peer", "handoff",
                                          "admission", "length"),
                       default="all",
@@ -160,7 +171,7 @@ def main(argv=None) -> dict:
   batches = [int(b) for b in args.batches.split(",")]
   steps = args.steps_per_call
   if args.part == "peer":
-    report = peer(steps, batches)
+    report = peer(steps, batches, args.repeats)
     print_peer(report)
   elif args.part == "handoff":
     with tempfile.TemporaryDirectory() as tmp:

@@ -41,24 +41,36 @@ def warm(sampler: Sampler, params, reqs) -> float:
   return time.perf_counter() - start
 
 
-def throughput(cfg, params, batch: int, steps: int, repeats: int = 1
-               ) -> tuple[dict, Engine]:
-  """B requests of PROMPT_LEN tokens, NEW_TOKENS new ones each, seeded
-  temperature-1 sampling, repeat detection on (as the RL loop runs it);
-  median of `repeats` timed calls after one warm-up call."""
+def prepared(cfg, params, batch: int, steps: int
+             ) -> tuple[Sampler, list, float]:
+  """(sampler, requests, compile seconds) for B requests of PROMPT_LEN
+  tokens, NEW_TOKENS new ones each, seeded temperature-1 sampling, repeat
+  detection on (as the RL loop runs it), after one warm-up call."""
   engine = Engine(cfg, EngineConfig(batch, CACHE_LEN, (PROMPT_LEN,)))
   sampler = Sampler(engine, RepeatConfig(), steps_per_call=steps)
   seeded = lambda i: SamplingParams(seed=i)
   reqs = requests(cfg, batch, [NEW_TOKENS] * batch, seeded, seed=1)
-  compile_s = warm(sampler, params, reqs)
-  runs = [timed_generate(sampler, params, reqs, f"throughput b{batch}")
-          for _ in range(repeats)]
+  return sampler, reqs, warm(sampler, params, reqs)
+
+
+def throughput_row(sampler: Sampler, batch: int, runs: list, compile_s: float
+                   ) -> dict:
+  """The tokens/s row of `batch` from its `timed_generate` runs (median)."""
   wall = float(np.median([r[2] for r in runs]))
   tokens = runs[0][1].tokens_generated
   return dict(batch=batch, tokens=tokens, seconds=wall,
               tokens_per_s=tokens / wall, runs_s=[r[2] for r in runs],
-              compile_s=compile_s, compile_count=engine.compile_count()
-              ), engine
+              compile_s=compile_s,
+              compile_count=sampler.engine.compile_count())
+
+
+def throughput(cfg, params, batch: int, steps: int, repeats: int = 1
+               ) -> tuple[dict, Engine]:
+  """`prepared`'s requests, median of `repeats` timed calls."""
+  sampler, reqs, compile_s = prepared(cfg, params, batch, steps)
+  runs = [timed_generate(sampler, params, reqs, f"throughput b{batch}")
+          for _ in range(repeats)]
+  return throughput_row(sampler, batch, runs, compile_s), sampler.engine
 
 
 def recompute_decode(cfg: ModelConfig):

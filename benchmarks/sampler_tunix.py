@@ -7,8 +7,9 @@ head_dim) to heads x head_dim), and the two models' logits on a prompt
 must agree to `LOGIT_TOLERANCE` before anything is timed. Tunix's
 `Sampler` then draws the same requests (same prompts, 32 tokens, 128 new
 ones, temperature 1, top_p 1, no top-k, log-probs returned), the whole
-call timed as kimi_jax's is: median of `repeats` after warm-up calls,
-nothing compiled inside a timed call. Tunix runs all its decode steps in
+call timed as kimi_jax's is, after warm-up calls, nothing compiled
+inside a timed call; `benchmarks/sampler.py --part peer` alternates the
+two samplers' calls. Tunix runs all its decode steps in
 one jitted loop, attends over the whole cache at every step and runs one
 decode step more than it returns (its loop also draws a token past the
 last); kimi_jax's sampler returns to the host every `steps_per_call` steps
@@ -19,7 +20,7 @@ written out ("17 402 ..."), through a tokenizer that reads them back; its
 pad and end ids are the vocabulary size, a token the model never draws
 (so no sequence ends early and no drawn token is read as padding).
 
-Tunix is optional (requirements-peer.txt); without it `throughput`
+Tunix is optional (requirements-peer.txt); without it `prepared`
 returns None and says why.
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import functools
 import sys
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -135,10 +137,10 @@ class IdTokenizer:
     return self.vocab_size
 
 
-def throughput(cfg: ModelConfig, params, batch: int, repeats: int = 3
-               ) -> dict | None:
-  """Tunix's sampler on the peer requests of `batch` (see the module
-  docstring); None when Tunix is not installed."""
+def prepared(cfg: ModelConfig, params, batch: int
+             ) -> tuple[Callable[[], Any], float] | None:
+  """Tunix's sampler on the peer requests of `batch`, warmed up: (a call
+  that draws them all, the logit gap); None when Tunix is not installed."""
   modules = tunix_modules()
   if modules is None:
     return None
@@ -167,16 +169,26 @@ def throughput(cfg: ModelConfig, params, batch: int, repeats: int = 3
   # (a scalar comparison) that the first does not reach.
   call()
   call()
-  runs, out = [], None
-  for _ in range(repeats):
-    with no_compiles(f"tunix b{batch}"):
-      start = time.perf_counter()
-      out = call()
-      runs.append(time.perf_counter() - start)
+  return call, gap
+
+
+def timed(call: Callable[[], Any], batch: int) -> float:
+  """Seconds of one call of `prepared`'s, which must not compile and must
+  draw every token."""
+  with no_compiles(f"tunix b{batch}"):
+    start = time.perf_counter()
+    out = call()
+    seconds = time.perf_counter() - start
   tokens = sum(len(t) for t in out.tokens)
   if tokens != batch * NEW_TOKENS:
     raise AssertionError(f"Tunix drew {tokens} tokens, expected "
                          f"{batch * NEW_TOKENS}")
-  wall = float(np.median(runs))
+  return seconds
+
+
+def row(batch: int, runs_s: list[float], gap: float) -> dict:
+  """The Tunix row of `batch` from its timed calls (median)."""
+  wall = float(np.median(runs_s))
+  tokens = batch * NEW_TOKENS
   return dict(batch=batch, tokens=tokens, seconds=wall,
-              tokens_per_s=tokens / wall, runs_s=runs, logit_gap=gap)
+              tokens_per_s=tokens / wall, runs_s=list(runs_s), logit_gap=gap)
