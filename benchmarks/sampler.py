@@ -14,7 +14,8 @@ parameters)), with the peak the fp32 FLOP/s of a jitted 2048^3 matmul
 measured in the same process (median of 5). With Tunix installed
 (requirements-peer.txt), its sampler runs the same requests on the same
 weights, its timed calls alternating with kimi_jax's so that a drift in
-the machine's speed hits both (sampler_tunix.py): `tunix_tok_s_b{B}` and `speedup_vs_tunix_b{B}`.
+the machine's speed hits both (sampler_tunix.py): `tunix_tok_s_b{B}` and
+`speedup_vs_tunix_b{B}`.
 
 Every timed section must run without compiling: a section that compiles
 (anything, counted through jax.monitoring) raises instead of reporting a
