@@ -15,7 +15,11 @@ measured in the same process (median of 5). With Tunix installed
 (requirements-peer.txt), its sampler runs the same requests on the same
 weights, its timed calls alternating with kimi_jax's so that a drift in
 the machine's speed hits both (sampler_tunix.py): `tunix_tok_s_b{B}` and
-`speedup_vs_tunix_b{B}`.
+`speedup_vs_tunix_b{B}`. In a process with several devices (on a CPU host,
+XLA_FLAGS=--xla_force_host_platform_device_count=2) the same requests
+also run with the slots split over all devices, a `mesh.data` mesh on
+which each device steps its own slots in its own loop, alternating with
+the rest: `tok_s_b{B}_devices{N}` and `speedup_vs_tunix_b{B}_devices{N}`.
 
 Every timed section must run without compiling: a section that compiles
 (anything, counted through jax.monitoring) raises instead of reporting a
@@ -58,6 +62,7 @@ import jax
 
 from kimi_jax.model import transformer
 from kimi_jax.model.config import count_params
+from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
 from sampler_measure import (admission, cached_vs_recompute,
                              continuous_vs_static, handoff_timings, prepared,
                              throughput, throughput_row, timed_generate)
@@ -85,15 +90,25 @@ def peer(steps: int, batches=(8, 32, 64), repeats: int = 5) -> dict:
       top_k=0, top_p=1.0, repeats=repeats, steps_per_call=steps),
                 params=count_params(cfg), matmul_peak_flops=peak,
                 ceiling_tok_s=ceiling, rows=[])
+  n = jax.device_count()
+  data = Sharder(make_mesh(MeshConfig(data=n))) if n > 1 else None
   for b in batches:
     sampler, reqs, compile_s = prepared(cfg, params, b, steps)
     tunix = tunix_prepared(cfg, params, b)  # Tunix's sampler (optional)
-    ours, theirs = [], []
-    for _ in range(repeats):  # alternating, so drifts in speed hit both
+    split = None if data is None else prepared(cfg, params, b, steps, data)
+    ours, theirs, split_runs = [], [], []
+    for _ in range(repeats):  # alternating, so drifts in speed hit all
       ours.append(timed_generate(sampler, params, reqs, f"throughput b{b}"))
       if tunix is not None:
         theirs.append(tunix_timed(tunix[0], b))
+      if split is not None:
+        split_runs.append(timed_generate(split[0], params, reqs,
+                                         f"{n} devices b{b}"))
     row = throughput_row(sampler, b, ours, compile_s)
+    if split is not None:
+      row["devices"] = throughput_row(split[0], b, split_runs, split[2])
+      row["devices"]["n"] = n
+      report[f"tok_s_b{b}_devices{n}"] = row["devices"]["tokens_per_s"]
     row["ceiling_fraction"] = row["tokens_per_s"] / ceiling
     report["rows"].append(row)
     report[f"tok_s_b{b}"] = row["tokens_per_s"]
@@ -104,6 +119,9 @@ def peer(steps: int, batches=(8, 32, 64), repeats: int = 5) -> dict:
       report[f"tunix_tok_s_b{b}"] = row["tunix"]["tokens_per_s"]
       report[f"speedup_vs_tunix_b{b}"] = (row["tokens_per_s"] /
                                           row["tunix"]["tokens_per_s"])
+      if split is not None:
+        report[f"speedup_vs_tunix_b{b}_devices{n}"] = (
+            row["devices"]["tokens_per_s"] / row["tunix"]["tokens_per_s"])
       print(f"[peer] batch {b}: Tunix {row['tunix']['tokens_per_s']:.0f} "
             f"tok/s", file=sys.stderr)
   if 64 in batches:

@@ -41,12 +41,15 @@ def warm(sampler: Sampler, params, reqs) -> float:
   return time.perf_counter() - start
 
 
-def prepared(cfg, params, batch: int, steps: int
+def prepared(cfg, params, batch: int, steps: int,
+             sharder: Sharder | None = None
              ) -> tuple[Sampler, list, float]:
   """(sampler, requests, compile seconds) for B requests of PROMPT_LEN
   tokens, NEW_TOKENS new ones each, seeded temperature-1 sampling, repeat
-  detection on (as the RL loop runs it), after one warm-up call."""
-  engine = Engine(cfg, EngineConfig(batch, CACHE_LEN, (PROMPT_LEN,)))
+  detection on (as the RL loop runs it), after one warm-up call; on one
+  device, or the slots split over `sharder`'s mesh."""
+  engine = Engine(cfg, EngineConfig(batch, CACHE_LEN, (PROMPT_LEN,)),
+                  sharder=sharder)
   sampler = Sampler(engine, RepeatConfig(), steps_per_call=steps)
   seeded = lambda i: SamplingParams(seed=i)
   reqs = requests(cfg, batch, [NEW_TOKENS] * batch, seeded, seed=1)

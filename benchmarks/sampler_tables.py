@@ -22,6 +22,18 @@ def print_peer(report: dict) -> None:
     print(f"| {r['batch']} | {r['tokens_per_s']:.0f} | "
           f"{r['ceiling_fraction']:.3f} | {r['seconds']:.3f} | "
           f"{', '.join(f'{x:.3f}' for x in r['runs_s'])} | {theirs} |")
+  split = [r["devices"] for r in report["rows"] if "devices" in r]
+  if split:  # a process with several devices: the slots split over them
+    print(f"\nthe slots split over {split[0]['n']} devices, each stepping "
+          f"its own in its own loop")
+    print("| batch | tokens/s | vs one device | vs Tunix |")
+    print("|---|---|---|---|")
+    for r in report["rows"]:
+      d, tunix = r["devices"], r.get("tunix")
+      vs = "-" if tunix is None else (
+          f"{d['tokens_per_s'] / tunix['tokens_per_s']:.2f}x")
+      print(f"| {r['batch']} | {d['tokens_per_s']:.0f} | "
+            f"{d['tokens_per_s'] / r['tokens_per_s']:.2f}x | {vs} |")
 
 
 def print_table(report: dict) -> None:

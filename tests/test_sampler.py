@@ -329,6 +329,51 @@ def test_mesh_engine_matches_single_device(params, sampler, sharder):
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
 
 
+def test_data_mesh_devices_loop_apart_and_match_single_device(params,
+                                                             sampler):
+  """On a mesh that splits only the slots, each device steps its own slots
+  in a loop of its own: a device whose slots are all done ends its loop
+  (-1 for the steps it did not run) while another goes on, and the driver
+  reads each slot's steps as they ran. Same tokens as one device."""
+  data = Sharder(make_mesh(MeshConfig(data=2), jax.devices()[:2]))
+  mesh_engine = Engine(CFG, ENGINE_CFG, sharder=data)
+  assert mesh_engine._loop_axes == ("data", "fsdp")
+  mesh_params = jax.device_put(params, mesh_engine.param_shardings)
+  # Slots 0-1 on the first device may take 1 step, slots 2-3 three.
+  state = mesh_engine.init_decode_state()
+  prefix = mesh_engine.prefill_batch(
+      mesh_params, [_prompt(s, 4 + s) for s in range(4)], [GREEDY] * 4,
+      [0] * 4)
+  state = mesh_engine.insert_batch(prefix, state, [0, 1, 2, 3])
+  _, tokens_NxB, _ = mesh_engine.generate(mesh_params, state, 3,
+                                          steps_left=[1, 1, 3, 3])
+  tokens_NxB = np.asarray(tokens_NxB)
+  assert (tokens_NxB[0] >= 0).all() and (tokens_NxB[1:, 2:] >= 0).all()
+  assert (tokens_NxB[1:, :2] == -1).all()  # the first device's loop ended
+  reqs = [SampleRequest(i, p, max_new_tokens=m, sampling=GREEDY)
+          for i, (p, m) in enumerate(MIXED)]
+  reqs += [SampleRequest(f"s{i}", _prompt(9 + i, 5 + i), max_new_tokens=m,
+                         sampling=SamplingParams(seed=i))
+           for i, m in enumerate((8, 2, 13))]
+  on_mesh = results_of(Sampler(mesh_engine, NO_REPEAT, steps_per_call=3),
+                       mesh_params, reqs)
+  single = results_of(sampler, params, reqs)
+  assert [r.tokens for r in on_mesh] == [r.tokens for r in single]
+  assert [r.finish_reason for r in on_mesh] == [r.finish_reason
+                                                for r in single]
+  for a, b in zip(on_mesh, single):
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+  # A window's queued requests start at the step a slot frees up on any
+  # device: a call that watches for that keeps one loop over all slots.
+  windowed = [results_of(s, p, reqs, window=8, min_admit=3) for s, p in (
+      (Sampler(mesh_engine, NO_REPEAT, steps_per_call=3), mesh_params),
+      (sampler, params))]
+  ended = lambda results: [None if r is None else (r.tokens, r.finish_reason)
+                           for r in results]
+  assert ended(windowed[0]) == ended(windowed[1])
+  assert "budget" in [r.finish_reason for r in windowed[1] if r is not None]
+
+
 def test_handoff_shared_resharded_and_checkpoint(params, sharder, tmp_path):
   mesh_engine = Engine(CFG, ENGINE_CFG, sharder=sharder)
   trainer_params = jax.device_put(params, mesh_engine.param_shardings)

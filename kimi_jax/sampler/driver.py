@@ -565,7 +565,9 @@ class Sampler:
     tokens_NxB, logprobs_NxB, experts, firsts = jax.device_get(
         (tokens_NxB, logprobs_NxB, experts, [_firsts(x.prefix)
                                              for x in late]))
-    rows = min(rows, int(np.sum(tokens_NxB[:, 0] >= 0)))  # steps it ran
+    # Steps it ran (a mesh whose devices loop apart may stop its devices'
+    # slots at different steps: -1 marks a step not run).
+    rows = min(rows, int(np.max(np.sum(tokens_NxB >= 0, axis=0))))
     return state, tokens_NxB, logprobs_NxB, experts, firsts, rows
 
   def _harvest(self, late: list[_Late], firsts: list,
@@ -584,7 +586,7 @@ class Sampler:
                                            results)
     steps = kept = 0
     for n in range(rows):
-      live = np.flatnonzero(slots.request >= 0)
+      live = np.flatnonzero((slots.request >= 0) & (tokens_NxB[n] >= 0))
       if not len(live):
         break
       steps += 1

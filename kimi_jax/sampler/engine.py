@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -327,10 +328,11 @@ class Engine:
       self._pool_shards = sharder.axis_size(sharder.rule_map.get("batch",
                                                                  ()))
     self._new_book()  # a pool that cannot split fails here, naming its key
+    self._loop_axes = self._per_device_loop_axes()
     self._init_jit = jax.jit(self._init_fn,
                              out_shardings=self._state_shardings)
     self._generate_jit = jax.jit(self._generate_fn,
-                                 static_argnums=(2, 3, 4, 5),
+                                 static_argnums=(2, 3, 4, 5, 6),
                                  donate_argnums=(0,))
     self._prefill_batch_jit = jax.jit(self._prefill_batch_fn,
                                       static_argnames=("ranked",))
@@ -381,6 +383,23 @@ class Engine:
   def compile_count(self) -> dict[str, int]:
     """Compilations so far per function (a jit traces once per compile)."""
     return dict(self._traces)
+
+  def _per_device_loop_axes(self) -> tuple[str, ...]:
+    """The mesh axes the slots split over when a generate call can step
+    each device's slots in a loop of its own: every device holds whole
+    weights and its own slots and pages (no other mesh axis has more than
+    one device, and the pool is not in the TPU kernel's layout). A loop
+    over all slots decides at every step, across the devices, whether to go
+    on; per device, no step waits for another device. () otherwise."""
+    s = self.sharder
+    if s is None or self._kernel_layout:
+      return ()
+    axes = s.rule_map.get("batch", ())
+    sizes = dict(zip(s.mesh.axis_names, s.mesh.devices.shape))
+    others = [n for a, n in sizes.items() if a not in axes]
+    if s.axis_size(axes) < 2 or any(n > 1 for n in others):
+      return ()
+    return axes
 
   def _make_param_shardings(self) -> Params:
     if self.sharder is None:
@@ -568,6 +587,7 @@ class Engine:
     state, tokens_NxB, logprobs_NxB, experts, lengths_B = self._call(
         self._generate_jit, state, params, int(n_steps),
         (watch.ngram, watch.times), view, book.any_ranked(),
+        bool(self._loop_axes) and watch.steps == 0,
         *self._put_slots((left_B, stop_BxW,
                           np.asarray(watch.tail_BxW, np.int32),
                           np.asarray(watch.length_B, np.int32),
@@ -790,7 +810,7 @@ class Engine:
         "sampler_prefill": (self._prefill_batch_jit, prefill),
         "sampler_generate": (self._generate_jit, (
             state, decode_params, int(n_steps), (ngram, times), view, True,
-            slots(), slots(DEVICE_STOP_TOKENS), slots(ngram * times),
+            bool(self._loop_axes), slots(), slots(DEVICE_STOP_TOKENS), slots(ngram * times),
             slots(), slots(dtype=np.bool_)) + pages + (host((), np.int32),)),
     }
 
@@ -952,8 +972,8 @@ class Engine:
   def _generate_fn(self, state: DecodeState,
                    params: decode.DecodeParams, n_steps: int,
                    repeat_rule: tuple[int, int], view: int, ranked: bool,
-                   steps_left_B, stop_BxW, tail_BxW, length_B, first_B,
-                   *rest):
+                   apart: bool, steps_left_B, stop_BxW, tail_BxW, length_B,
+                   first_B, *rest):
     """Up to n_steps tokens for every running slot, in one while loop.
 
     A slot runs while it is active, has steps left and has not sampled one
@@ -961,9 +981,11 @@ class Engine:
     and with watch_steps > 0 also after the first step (among the first
     watch_steps) at which a running slot stops or completes a repeat
     (`FinishWatch`). ranked: whether an active slot draws by rank (else the
-    sampling sort is left out, see `sample_tokens`). Entries of slots not
-    running are 0; rows past the end,
-    -1. A step reads `view` entries of each row, or (paged, rest =
+    sampling sort is left out, see `sample_tokens`). apart: each device
+    steps its own slots in its own loop (`_per_device_loop_axes`; a call
+    with a watch keeps one loop, so that the first finish anywhere ends
+    it). Entries of slots not running are 0; rows past the end of their
+    loop, -1. A step reads `view` entries of each row, or (paged, rest =
     (pages_BxV, watch_steps)) the `view` pages of pages_BxV; otherwise rest
     = (watch_steps,). Also returns the experts of each step's input tokens
     (n_steps x B x Lm x K; None unless recorded) and the cache lengths
@@ -972,12 +994,52 @@ class Engine:
     pages_BxV = rest[0] if len(rest) == 2 else None
     watch_steps = rest[-1]
     self._traces["generate"] += 1
-    B = self.max_concurrent_decodes
-    ngram, times = repeat_rule
     # Rows: the loop steps over the view alone (`decode.rows_prefix`).
     rows = (pages_BxV is None and bool(state.cache.k)
             and view < state.cache.k[0].shape[2])
     cache = decode.rows_prefix(state.cache, view) if rows else state.cache
+    axes = self._loop_axes if apart else ()
+    loop = functools.partial(
+        self._decode_loop, n_steps=n_steps, repeat_rule=repeat_rule,
+        view_len=None if pages_BxV is not None or rows else view,
+        ranked=ranked, sharder=None if axes else self.sharder)
+    args = (params, state._replace(cache=cache), steps_left_B, stop_BxW,
+            tail_BxW, length_B, first_B, watch_steps, pages_BxV)
+    if axes:  # each device steps its own slots, in its own loop
+      P = jax.sharding.PartitionSpec
+      slots, steps = P(axes), P(None, axes)
+      loop = jax.shard_map(
+          loop, mesh=self.sharder.mesh,
+          in_specs=(P(),) + (slots,) * 6 + (P(), slots),
+          out_specs=(slots, (steps,) * (3 if self._record else 2)),
+          check_vma=False)
+    loop_state, outputs = loop(*args)
+    cache, tokens_B, index_B, lengths_B = (
+        loop_state.cache, loop_state.tokens, loop_state.index,
+        loop_state.lengths)
+    if rows:
+      cache = decode.with_rows_prefix(state.cache, cache)
+    state = state._replace(cache=cache, lengths=lengths_B, tokens=tokens_B,
+                           index=index_B)
+    if self._state_shardings is not None:
+      state = jax.lax.with_sharding_constraint(state, self._state_shardings)
+    tokens_NxB, logprobs_NxB, lengths_B = self._replicated(
+        outputs[:2] + (lengths_B,))
+    experts_NxBxLxK = (self._replicated(outputs[2]) if self._record
+                       else None)
+    return state, tokens_NxB, logprobs_NxB, experts_NxBxLxK, lengths_B
+
+  def _decode_loop(self, params, state: DecodeState, steps_left_B, stop_BxW,
+                   tail_BxW, length_B, first_B, watch_steps, pages_BxV, *,
+                   n_steps: int, repeat_rule: tuple[int, int],
+                   view_len: int | None, ranked: bool,
+                   sharder: Sharder | None) -> tuple[DecodeState, tuple]:
+    """`_generate_fn`'s while loop over the slots of `state` (all of them,
+    or one device's: then sharder is None and page ids are the device's).
+    Returns the state with the new cache, tokens, indices and lengths, and
+    the outputs (tokens_NxB, logprobs_NxB[, experts_NxBxLxK])."""
+    B = state.tokens.shape[0]
+    ngram, times = repeat_rule
     # A slot whose last token is one of its stop tokens has finished (its
     # first token, when the driver inserted it before reading it).
     running_B = (state.active & (steps_left_B > 0) &
@@ -1004,10 +1066,9 @@ class Engine:
        outputs, finished, tail_BxW, length_B) = carry
       tokens_NxB, logprobs_NxB = outputs[:2]
       logits_Bx1xV, cache, experts_BxLxK = decode.traced_decode_step(
-          params, tokens_B, lengths_B, cache, cfg=self.cfg,
-          sharder=self.sharder,
-          view_len=None if pages_BxV is not None or rows else view,
-          pages_BxV=pages_BxV, kernel=self.engine_cfg.attention_kernel)
+          params, tokens_B, lengths_B, cache, cfg=self.cfg, sharder=sharder,
+          view_len=view_len, pages_BxV=pages_BxV,
+          kernel=self.engine_cfg.attention_kernel)
       new_B, logprobs_B = sample_tokens(logits_Bx1xV[:, 0], state.sampling,
                                         index_B, self._never, ranked)
       run_B = running_B.astype(jnp.int32)
@@ -1035,21 +1096,12 @@ class Engine:
               tail_BxW, length_B)
 
     carry = (jnp.int32(0), state.tokens, state.index, state.lengths,
-             running_B, steps_left_B, cache, outputs, finished, tail_BxW,
-             length_B)
+             running_B, steps_left_B, state.cache, outputs, finished,
+             tail_BxW, length_B)
     (_, tokens_B, index_B, lengths_B, _, _, cache,
      outputs, *_) = jax.lax.while_loop(go_on, step, carry)
-    if rows:
-      cache = decode.with_rows_prefix(state.cache, cache)
-    state = state._replace(cache=cache, lengths=lengths_B, tokens=tokens_B,
-                           index=index_B)
-    if self._state_shardings is not None:
-      state = jax.lax.with_sharding_constraint(state, self._state_shardings)
-    tokens_NxB, logprobs_NxB, lengths_B = self._replicated(
-        outputs[:2] + (lengths_B,))
-    experts_NxBxLxK = (self._replicated(outputs[2]) if self._record
-                       else None)
-    return state, tokens_NxB, logprobs_NxB, experts_NxBxLxK, lengths_B
+    return state._replace(cache=cache, tokens=tokens_B, index=index_B,
+                          lengths=lengths_B), outputs
 
   @staticmethod
   def _with_token(tail_BxW, length_B, token_B, where_B):
