@@ -173,12 +173,13 @@ def spelling_with_room(c: ml_collections.ConfigDict) -> None:
   c.reward.name = "reasoning_gym_steps"
   c.sampler.cache_len = 128
   # Three departures from the report, measured together against its recipe
-  # as written (ablations.py:recipe, seeds 0-2, the default variant):
+  # as written (ablations.py:recipe, seeds 0-3, the default variant):
   # Adam's state kept across iterations (2.3.2 resets it), the easy-to-hack
-  # step off (2.1; it dropped 28, 30 and 2 of 2000 prompts) and the shortest
-  # verified warm-up response kept (the base's warmup.keep; 2.2 asks for
-  # none in particular). Validation pass@1 after RL 0.803 against 0.772,
-  # the recipe lower on every seed; held out 0.771 against 0.760.
+  # step off (2.1; it dropped 28, 30, 2 and 9 of 2000 prompts) and the
+  # shortest verified warm-up response kept (the base's warmup.keep; 2.2
+  # asks for none in particular). Validation pass@1 after RL 0.785 against
+  # 0.763, the recipe lower on three seeds of four; held out 0.754 against
+  # 0.746.
   c.rl.update(iterations=60, eval_every=20, reset_optimizer=False,
               max_response_len=64, token_budget=64)
   c.curate.update(pass_max_tokens=64, easy_to_hack=False)
