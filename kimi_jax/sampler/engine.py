@@ -810,8 +810,9 @@ class Engine:
         "sampler_prefill": (self._prefill_batch_jit, prefill),
         "sampler_generate": (self._generate_jit, (
             state, decode_params, int(n_steps), (ngram, times), view, True,
-            bool(self._loop_axes), slots(), slots(DEVICE_STOP_TOKENS), slots(ngram * times),
-            slots(), slots(dtype=np.bool_)) + pages + (host((), np.int32),)),
+            bool(self._loop_axes), slots(), slots(DEVICE_STOP_TOKENS),
+            slots(ngram * times), slots(), slots(dtype=np.bool_)) + pages + (
+                host((), np.int32),)),
     }
 
   def kv_capacity(self, mean_live: Sequence[int]) -> dict[str, Any]:
