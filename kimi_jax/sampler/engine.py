@@ -395,8 +395,7 @@ class Engine:
     if s is None or self._kernel_layout:
       return ()
     axes = s.rule_map.get("batch", ())
-    sizes = dict(zip(s.mesh.axis_names, s.mesh.devices.shape))
-    others = [n for a, n in sizes.items() if a not in axes]
+    others = [n for a, n in s.mesh.shape.items() if a not in axes]
     if s.axis_size(axes) < 2 or any(n > 1 for n in others):
       return ()
     return axes
@@ -1014,18 +1013,15 @@ class Engine:
           in_specs=(P(),) + (slots,) * 6 + (P(), slots),
           out_specs=(slots, (steps,) * (3 if self._record else 2)),
           check_vma=False)
-    loop_state, outputs = loop(*args)
-    cache, tokens_B, index_B, lengths_B = (
-        loop_state.cache, loop_state.tokens, loop_state.index,
-        loop_state.lengths)
+    full_cache = state.cache
+    state, outputs = loop(*args)
     if rows:
-      cache = decode.with_rows_prefix(state.cache, cache)
-    state = state._replace(cache=cache, lengths=lengths_B, tokens=tokens_B,
-                           index=index_B)
+      state = state._replace(
+          cache=decode.with_rows_prefix(full_cache, state.cache))
     if self._state_shardings is not None:
       state = jax.lax.with_sharding_constraint(state, self._state_shardings)
     tokens_NxB, logprobs_NxB, lengths_B = self._replicated(
-        outputs[:2] + (lengths_B,))
+        outputs[:2] + (state.lengths,))
     experts_NxBxLxK = (self._replicated(outputs[2]) if self._record
                        else None)
     return state, tokens_NxB, logprobs_NxB, experts_NxBxLxK, lengths_B

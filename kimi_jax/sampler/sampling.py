@@ -225,9 +225,9 @@ def sample_tokens(logits_BxV: jax.Array, s: SlotSampling, index_B: jax.Array,
   depends only on its own settings, seed and index, never on the other
   slots. ranked=False leaves the ranking (its sort) out of the program:
   the caller, which knows every slot's settings on the host, promises that
-  no slot truncates (`SamplingParams.draws_by_rank`). A static choice, not a `lax.cond`:
-  on a multi-device CPU mesh a conditional holding collectives could
-  deadlock.
+  no slot truncates (`SamplingParams.draws_by_rank`). A static choice, not
+  a `lax.cond`: on a multi-device CPU mesh a conditional holding
+  collectives could deadlock.
   logprobs_B[b] = log_softmax(logits_BxV[b])[tokens_B[b]] (untempered).
 
   never: a token that is never drawn (a vision model's image placeholder:
