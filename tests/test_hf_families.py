@@ -230,9 +230,9 @@ def test_engine_greedy_decode_of_gemma3_matches_transformers(family,
   params = handoff.place_params(params, engine.param_shardings)[0]
   state = engine.init_decode_state()
   # Per sliding layer a ring of the window per slot: B x K x R x Dh.
-  assert state.cache.local_k[0].shape[2] == cfg.sliding_window
+  assert state.cache.local_v[0].shape[2] == cfg.sliding_window
   if on_mesh:
-    assert state.cache.local_k[0].sharding.spec == P(
+    assert state.cache.local_v[0].sharding.spec == P(
         ("data", "fsdp"), "tensor", None, None)
   greedy = SamplingParams(greedy=True)
   prompts = {0: [int(t) for t in TOKENS_BxT[0, :10]],

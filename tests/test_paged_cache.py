@@ -198,7 +198,7 @@ def test_paged_pool_on_a_mesh_samples_what_one_device_samples(reference):
                                            page_size=8, kv_pages=48)),
                   sharder=sharder)
   state = engine.init_decode_state()
-  assert state.cache.k[0].sharding.spec == P(("data", "fsdp"), "tensor",
+  assert state.cache.kt[0].sharding.spec == P(("data", "fsdp"), "tensor",
                                              None, None)
   assert state.host.pages.local_pages == 12
   params = handoff.place_params(_params(cfg), engine.param_shardings)[0]

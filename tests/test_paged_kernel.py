@@ -52,27 +52,27 @@ def _layer_inputs(seed: int = 0, none_past_length: bool = True):
   pos_B = np.asarray([4, 17, 0, 23], np.int32)  # this token's position
   if none_past_length:
     pages_BxV[[0, 2], 1:] = N_PAGES
-  k_pool, vt_pool = f(N_PAGES, K, PAGE, Dh), f(N_PAGES, K, Dh, PAGE)
-  return (f(B, 1, H, Dh), f(B, 1, K, Dh), f(B, 1, K, Dh), k_pool, vt_pool,
+  kt_pool, v_pool = f(N_PAGES, K, Dh, PAGE), f(N_PAGES, K, PAGE, Dh)
+  return (f(B, 1, H, Dh), f(B, 1, K, Dh), f(B, 1, K, Dh), kt_pool, v_pool,
           jnp.asarray(pages_BxV), jnp.asarray(pos_B))
 
 
-def _kernel_layout(k_PxKxNxDh, vt_PxKxDhxN):
-  return (k_PxKxNxDh.transpose(1, 0, 2, 3),
-          vt_PxKxDhxN.transpose(1, 0, 3, 2))
+def _kernel_layout(kt_PxKxDhxN, v_PxKxNxDh):
+  return (kt_PxKxDhxN.transpose(1, 0, 3, 2),
+          v_PxKxNxDh.transpose(1, 0, 2, 3))
 
 
 @pytest.mark.host_inputs
 @pytest.mark.tpu_interpreter
 def test_kernel_attends_and_writes_as_the_xla_pages():
-  q, k_new, v_new, k_pool, vt_pool, pages_BxV, pos_B = _layer_inputs()
-  out, k_x, vt_x = xla_attend(q, k_new, v_new, k_pool, vt_pool, pages_BxV,
+  q, k_new, v_new, kt_pool, v_pool, pages_BxV, pos_B = _layer_inputs()
+  out, kt_x, v_x = xla_attend(q, k_new, v_new, kt_pool, v_pool, pages_BxV,
                               pos_B)
   got, k_t, v_t = kernel_attend(q, k_new, v_new,
-                                *_kernel_layout(k_pool, vt_pool), pages_BxV,
+                                *_kernel_layout(kt_pool, v_pool), pages_BxV,
                                 pos_B)
   # The same entries written, in the kernel's layout.
-  want_k, want_v = _kernel_layout(k_x, vt_x)
+  want_k, want_v = _kernel_layout(kt_x, v_x)
   np.testing.assert_array_equal(np.asarray(k_t), np.asarray(want_k))
   np.testing.assert_array_equal(np.asarray(v_t), np.asarray(want_v))
   # The same attention up to bfloat16 rounding of the values and weights
@@ -88,9 +88,9 @@ def test_kernel_never_reads_pages_past_a_slots_length():
   """The pages slots 0 and 2 name but have not reached, and the pages no
   slot names, full of NaN: the kernel's output is unchanged (the XLA
   gather reads every page in view)."""
-  q, k_new, v_new, k_pool, vt_pool, pages_BxV, pos_B = _layer_inputs(
+  q, k_new, v_new, kt_pool, v_pool, pages_BxV, pos_B = _layer_inputs(
       1, none_past_length=False)
-  k_t, v_t = _kernel_layout(k_pool, vt_pool)
+  k_t, v_t = _kernel_layout(kt_pool, v_pool)
   live = {int(p) for b in range(B) for p in
           np.asarray(pages_BxV)[b, :int(pos_B[b]) // PAGE + 1]}
   dead = np.asarray([p not in live for p in range(N_PAGES)])
@@ -102,7 +102,7 @@ def test_kernel_never_reads_pages_past_a_slots_length():
   np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
   xla = xla_attend(q, k_new, v_new, *[
       jnp.where(dead[:, None, None, None], jnp.nan, x)
-      for x in (k_pool, vt_pool)], pages_BxV, pos_B)[0]
+      for x in (kt_pool, v_pool)], pages_BxV, pos_B)[0]
   assert np.isnan(np.asarray(xla)).any()
 
 
@@ -143,7 +143,7 @@ def test_kernel_on_a_mesh_samples_what_one_device_samples(rows_greedy):
   engine = Engine(CFG, EngineConfig(**dict(KERNEL, max_slots=8,
                                            kv_pages=48)), sharder=sharder)
   state = engine.init_decode_state()
-  assert state.cache.k[0].sharding.spec == P("tensor", ("data", "fsdp"),
+  assert state.cache.kt[0].sharding.spec == P("tensor", ("data", "fsdp"),
                                              None, None)
   params = handoff.place_params(_params(CFG), engine.param_shardings)[0]
   got, _ = Sampler(engine, NO_REPEAT, steps_per_call=4).generate(

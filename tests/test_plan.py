@@ -84,7 +84,7 @@ def test_paged_cache_plan_matches_the_allocated_pool():
       max_slots=config.sampler.max_slots, cache_len=config.sampler.cache_len,
       page_size=16, kv_pages=64), sharder=sharder)
   cache = engine.init_decode_state().cache
-  assert cache.k[0].shape[0] == 64  # the pool, not slots x cache_len
+  assert cache.kt[0].shape[0] == 64  # the pool, not slots x cache_len
   assert memory.kv_cache == _only_value(_bytes_per_device(cache))
 
 

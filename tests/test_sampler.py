@@ -314,8 +314,9 @@ def test_mesh_engine_matches_single_device(params, sampler, sharder):
   assert mesh_params["layers"]["wq"].sharding.spec == P(
       None, ("fsdp", "context"), "tensor", None)
   state = mesh_engine.init_decode_state()
-  # Per layer, B x K x S x Dh: slots over the batch axes, heads over tensor.
-  assert state.cache.k[0].sharding.spec == P(("data", "fsdp"), "tensor",
+  # Per layer, keys B x K x Dh x S: slots over the batch axes, heads over
+  # tensor.
+  assert state.cache.kt[0].sharding.spec == P(("data", "fsdp"), "tensor",
                                              None, None)
   reqs = [SampleRequest(i, p, max_new_tokens=m, sampling=GREEDY)
           for i, (p, m) in enumerate(MIXED)]
@@ -478,7 +479,7 @@ def test_prefill_batch_and_insert_batch_match_one_at_a_time(
         ref = eng.insert(one, ref, slot)
     got = eng.insert_batch(prefix, got, slots)
   if on_mesh:
-    assert got.cache.k[0].sharding.spec == P(("data", "fsdp"), "tensor",
+    assert got.cache.kt[0].sharding.spec == P(("data", "fsdp"), "tensor",
                                              None, None)
     assert got.active.sharding.spec == ref.active.sharding.spec
   a, b = _host_state(got), _host_state(ref)
@@ -508,7 +509,7 @@ def test_insert_batch_skips_rows_and_leaves_other_slots_alone(params, engine):
   after = _host_state(engine.insert_batch(prefix, state, [None, 0]))
   assert after.active.tolist() == [True, False, True, False]
   assert after.lengths.tolist() == [4, 0, 6, 0]
-  for k_after, k_before in zip(after.cache.k, before.cache.k):
+  for k_after, k_before in zip(after.cache.kt, before.cache.kt):
     np.testing.assert_array_equal(k_after[1:], k_before[1:])
   with pytest.raises(ValueError, match="repeat"):
     engine.insert_batch(prefix, engine.init_decode_state(), [1, 1])
@@ -541,7 +542,7 @@ def test_free_slots_frees_exactly_the_masked_slots(params, engine):
                      jax.tree_util.tree_leaves(before)):
     np.testing.assert_array_equal(x, y)
     assert x.shape == z.shape
-  np.testing.assert_array_equal(a.cache.k, before.cache.k)
+  np.testing.assert_array_equal(a.cache.kt, before.cache.kt)
   with pytest.raises(ValueError, match="mask"):
     engine.free_slots(got, np.ones((3,), bool))
 

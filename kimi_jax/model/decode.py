@@ -13,9 +13,9 @@ What a step reads of the full-attention layers' caches is bounded by the
 longest live slot, not by the reserved length (the caller picks a static
 bound per call, see `kimi_jax.sampler.engine`):
 
-  rows   each slot owns S entries (k: B x K x S x Dh); a step reads the
+  rows   each slot owns S entries (v: B x K x S x Dh); a step reads the
          first `view_len` entries of every row.
-  pages  a pool of P pages of `page` entries shared by the slots (k:
+  pages  a pool of P pages of `page` entries shared by the slots (v:
          P x K x page x Dh); slot b's entries 0.. live in pages
          pages_BxV[b, 0], pages_BxV[b, 1], ...; a step reads the V pages of
          every slot named there. Page id P means "none": a read of it is
@@ -29,7 +29,7 @@ Either way entries past a slot's length are masked to exactly zero weight,
 so a longer view changes nothing but the order of float additions.
 
 With `kernel="pallas_tpu"` the pool keeps the layout of Pallas's TPU paged
-attention kernel instead, keys and values alike (k, vt: K x P x page x
+attention kernel instead, keys and values alike (kt, v: K x P x page x
 Dh), and the kernel reads each slot's pages only up to its length: no
 gather, no masked tail.
 Sliding-window layers keep per-slot rings of at most `sliding_window`
@@ -62,17 +62,23 @@ Params = dict[str, Any]
 class DecodeCache(NamedTuple):
   """Per-layer caches as decoding reads them.
 
-  k[l]: keys, vt[l]: values transposed, of the full-attention layers: rows
-  (B, K, S, Dh) and (B, K, Dh, S), or pages (P, K, page, Dh) and
-  (P, K, Dh, page), or for the TPU kernel keys and values (not
-  transposed) both (K, P, page, Dh). local_k, local_vt: the sliding layers' rings as rows
-  (S = R; None for a model without them).
+  kt[l]: keys transposed, v[l]: values, of the full-attention layers: rows
+  (B, K, Dh, S) and (B, K, S, Dh), or pages (P, K, Dh, page) and
+  (P, K, page, Dh), or for the TPU kernel keys (not transposed) and values
+  both (K, P, page, Dh). local_kt, local_v: the sliding layers' rings as
+  rows (S = R; None for a model without them).
+
+  Keys with the entries last and values with them second-last are the
+  operand layouts XLA:CPU's batched matmuls read fastest for one query
+  per slot (the scores contract the head dim, the values the entries):
+  the other way round, the attention of the peer benchmark's decode step
+  took about twice as long.
   """
 
-  k: list[jax.Array]
-  vt: list[jax.Array]
-  local_k: list[jax.Array] | None = None
-  local_vt: list[jax.Array] | None = None
+  kt: list[jax.Array]
+  v: list[jax.Array]
+  local_kt: list[jax.Array] | None = None
+  local_v: list[jax.Array] | None = None
 
 
 class DecodeParams(NamedTuple):
@@ -96,37 +102,37 @@ def split_layers(stacked: Any) -> list[Any]:
 
 
 def keys_rows(k_LxBxSxKxDh: jax.Array) -> list[jax.Array]:
-  """Stacked (L, B, S, K, Dh) keys as per-layer (B, K, S, Dh) rows."""
-  return [k.transpose(0, 2, 1, 3) for k in split_layers(k_LxBxSxKxDh)]
+  """Stacked (L, B, S, K, Dh) keys as per-layer (B, K, Dh, S) rows."""
+  return [k.transpose(0, 2, 3, 1) for k in split_layers(k_LxBxSxKxDh)]
 
 
 def values_rows(v_LxBxSxKxDh: jax.Array) -> list[jax.Array]:
-  """Stacked (L, B, S, K, Dh) values as per-layer (B, K, Dh, S) rows."""
-  return [v.transpose(0, 2, 3, 1) for v in split_layers(v_LxBxSxKxDh)]
+  """Stacked (L, B, S, K, Dh) values as per-layer (B, K, S, Dh) rows."""
+  return [v.transpose(0, 2, 1, 3) for v in split_layers(v_LxBxSxKxDh)]
 
 
 def to_decode_cache(cache: KVCache) -> DecodeCache:
   """KVCache's (L, B, S, K, Dh) arrays as per-layer decode rows."""
   if cache.local_k is None:
-    return DecodeCache(k=keys_rows(cache.k), vt=values_rows(cache.v))
-  return DecodeCache(k=keys_rows(cache.k), vt=values_rows(cache.v),
-                     local_k=keys_rows(cache.local_k),
-                     local_vt=values_rows(cache.local_v))
+    return DecodeCache(kt=keys_rows(cache.k), v=values_rows(cache.v))
+  return DecodeCache(kt=keys_rows(cache.k), v=values_rows(cache.v),
+                     local_kt=keys_rows(cache.local_k),
+                     local_v=values_rows(cache.local_v))
 
 
 def from_decode_cache(cache: DecodeCache, lengths_B: jax.Array) -> KVCache:
   """The inverse of `to_decode_cache` (rows only)."""
-  if cache.local_k is None:
-    return KVCache(k=jnp.stack([k.transpose(0, 2, 1, 3) for k in cache.k]),
-                   v=jnp.stack([v.transpose(0, 3, 1, 2) for v in cache.vt]),
+  keys = lambda kts: [kt.transpose(0, 3, 1, 2) for kt in kts]
+  values = lambda vs: [v.transpose(0, 2, 1, 3) for v in vs]
+  if cache.local_kt is None:
+    return KVCache(k=jnp.stack(keys(cache.kt)), v=jnp.stack(values(cache.v)),
                    lengths=lengths_B)
-  B, K, _, Dh = cache.local_k[0].shape
-  empty = jnp.zeros((0, B, 0, K, Dh), cache.local_k[0].dtype)
-  keys = lambda ks: _stack_or([k.transpose(0, 2, 1, 3) for k in ks], empty)
-  values = lambda vts: _stack_or([v.transpose(0, 3, 1, 2) for v in vts],
-                                 empty)
-  return KVCache(k=keys(cache.k), v=values(cache.vt), lengths=lengths_B,
-                 local_k=keys(cache.local_k), local_v=values(cache.local_vt))
+  B, K, _, Dh = cache.local_v[0].shape
+  empty = jnp.zeros((0, B, 0, K, Dh), cache.local_v[0].dtype)
+  stack = lambda xs: _stack_or(xs, empty)
+  return KVCache(k=stack(keys(cache.kt)), v=stack(values(cache.v)),
+                 lengths=lengths_B, local_k=stack(keys(cache.local_kt)),
+                 local_v=stack(values(cache.local_v)))
 
 
 def rows_prefix(cache: DecodeCache, n: int) -> DecodeCache:
@@ -134,50 +140,60 @@ def rows_prefix(cache: DecodeCache, n: int) -> DecodeCache:
   whole). A generate call whose view is n reads and writes only these, so
   it takes them out once per call and steps over them: a slice is a copy,
   and slicing the view in every step copied it once per token."""
-  return cache._replace(k=[k[:, :, :n] for k in cache.k],
-                        vt=[vt[..., :n] for vt in cache.vt])
+  return cache._replace(kt=[kt[..., :n] for kt in cache.kt],
+                        v=[v[:, :, :n] for v in cache.v])
 
 
 def with_rows_prefix(cache: DecodeCache, prefix: DecodeCache) -> DecodeCache:
   """`cache` with `rows_prefix(cache, n)` replaced by `prefix`."""
   put = lambda full, part: jax.lax.dynamic_update_slice(
       full, part.astype(full.dtype), (0,) * full.ndim)
-  return prefix._replace(k=[put(f, p) for f, p in zip(cache.k, prefix.k)],
-                         vt=[put(f, p) for f, p in zip(cache.vt, prefix.vt)])
+  return prefix._replace(kt=[put(f, p) for f, p in zip(cache.kt, prefix.kt)],
+                         v=[put(f, p) for f, p in zip(cache.v, prefix.v)])
 
 
 # ---- one layer --------------------------------------------------------------
 
 
-def _attend_blocks(q_Bx1xHxDh, k_BxVxKxSxDh, vt_BxVxKxDhxS, mask_BxVS,
+def _attend_blocks(q_Bx1xHxDh, kt_BxVxKxDhxS, v_BxVxKxSxDh, mask_BxVS,
                    cfg: ModelConfig, sharder: Sharder | None) -> jax.Array:
   """Attention of one query per slot over V blocks of S entries per slot
   (rows: V = 1), with one softmax over all V x S entries."""
   B, T, H, Dh = q_Bx1xHxDh.shape
-  _, V, K, S, _ = k_BxVxKxSxDh.shape
-  q_BxTxKxGxDh = q_Bx1xHxDh.reshape(B, T, K, H // K, Dh)
+  _, V, K, S, _ = v_BxVxKxSxDh.shape
+  M, N = T * (H // K), V * S  # queries per key head, entries in view
+  q_BxKxMxDh = q_Bx1xHxDh.reshape(B, T, K, H // K, Dh).transpose(
+      0, 2, 1, 3, 4).reshape(B, K, M, Dh)
+  # Rows (V = 1): reshapes, no copies. Both products are then plain
+  # batched matmuls (B x K batches of M x Dh by Dh x N, and of M x N by
+  # N x Dh), written as dot_general so that XLA keeps these operand roles:
+  # an einsum let it pick the cache as the left operand and copy it into
+  # that layout at every step.
+  kt_BxKxDhxN = jnp.moveaxis(kt_BxVxKxDhxS, 1, 3).reshape(B, K, Dh, N)
+  v_BxKxNxDh = jnp.moveaxis(v_BxVxKxSxDh, 1, 2).reshape(B, K, N, Dh)
+  batched = (((3,), (2,)), ((0, 1), (0, 1)))
   scores = attention.scale_scores(
-      jnp.einsum("btkgd,bvksd->bkgtvs", q_BxTxKxGxDh, k_BxVxKxSxDh,
-                 preferred_element_type=jnp.float32), Dh, _attn_scale(cfg))
-  scores = scores.reshape(B, K, H // K, T, V * S)
-  scores = jnp.where(mask_BxVS[:, None, None, None, :], scores,
+      jax.lax.dot_general(q_BxKxMxDh, kt_BxKxDhxN, batched,
+                          preferred_element_type=jnp.float32),
+      Dh, _attn_scale(cfg))
+  scores = jnp.where(mask_BxVS[:, None, None, :], scores,
                      attention.MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(vt_BxVxKxDhxS.dtype)
-  out = jnp.einsum("bkgtvs,bvkds->btkgd",
-                   probs.reshape(B, K, H // K, T, V, S), vt_BxVxKxDhxS)
-  out = out.reshape(B, T, H, Dh)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxVxKxSxDh.dtype)
+  out_BxKxMxDh = jax.lax.dot_general(probs, v_BxKxNxDh, batched)
+  out = out_BxKxMxDh.reshape(B, K, T, H // K, Dh).transpose(
+      0, 2, 1, 3, 4).reshape(B, T, H, Dh)
   return constrain(sharder, out, ("batch", "length", "heads", "head_dim"))
 
 
-def _write_rows(k_BxKxSxDh, vt_BxKxDhxS, k_BxKxDh, v_BxKxDh, pos_B):
+def _write_rows(kt_BxKxDhxS, v_BxKxSxDh, k_BxKxDh, v_BxKxDh, pos_B):
   """The new token's key and value at entry pos_B of each row (a position
   past the end is dropped)."""
-  rows_B = jnp.arange(k_BxKxSxDh.shape[0])
-  k_BxKxSxDh = k_BxKxSxDh.at[rows_B, :, pos_B].set(
-      k_BxKxDh.astype(k_BxKxSxDh.dtype), mode="drop")
-  vt_BxKxDhxS = vt_BxKxDhxS.at[rows_B, :, :, pos_B].set(
-      v_BxKxDh.astype(vt_BxKxDhxS.dtype), mode="drop")
-  return k_BxKxSxDh, vt_BxKxDhxS
+  rows_B = jnp.arange(v_BxKxSxDh.shape[0])
+  kt_BxKxDhxS = kt_BxKxDhxS.at[rows_B, :, :, pos_B].set(
+      k_BxKxDh.astype(kt_BxKxDhxS.dtype), mode="drop")
+  v_BxKxSxDh = v_BxKxSxDh.at[rows_B, :, pos_B].set(
+      v_BxKxDh.astype(v_BxKxSxDh.dtype), mode="drop")
+  return kt_BxKxDhxS, v_BxKxSxDh
 
 
 def page_of(pages_BxV: jax.Array, pos_B: jax.Array, page: int, n_pages: int
@@ -191,51 +207,52 @@ def page_of(pages_BxV: jax.Array, pos_B: jax.Array, page: int, n_pages: int
   return jnp.where(idx_B < V, held_B, n_pages)
 
 
-def _write_pages(k_PxKxNxDh, vt_PxKxDhxN, k_BxKxDh, v_BxKxDh, pos_B,
+def _write_pages(kt_PxKxDhxN, v_PxKxNxDh, k_BxKxDh, v_BxKxDh, pos_B,
                  pages_BxV):
   """The new token's key and value into its page (N entries per page)."""
-  P, _, N, _ = k_PxKxNxDh.shape
+  P, _, N, _ = v_PxKxNxDh.shape
   page_B = page_of(pages_BxV, pos_B, N, P)
   at_B = pos_B % N
-  k_PxKxNxDh = k_PxKxNxDh.at[page_B, :, at_B].set(
-      k_BxKxDh.astype(k_PxKxNxDh.dtype), mode="drop")
-  vt_PxKxDhxN = vt_PxKxDhxN.at[page_B, :, :, at_B].set(
-      v_BxKxDh.astype(vt_PxKxDhxN.dtype), mode="drop")
-  return k_PxKxNxDh, vt_PxKxDhxN
+  kt_PxKxDhxN = kt_PxKxDhxN.at[page_B, :, :, at_B].set(
+      k_BxKxDh.astype(kt_PxKxDhxN.dtype), mode="drop")
+  v_PxKxNxDh = v_PxKxNxDh.at[page_B, :, at_B].set(
+      v_BxKxDh.astype(v_PxKxNxDh.dtype), mode="drop")
+  return kt_PxKxDhxN, v_PxKxNxDh
 
 
-def _rows_view(k_BxKxSxDh, vt_BxKxDhxS, view_len: int | None = None):
+def _rows_view(kt_BxKxDhxS, v_BxKxSxDh, view_len: int | None = None):
   """The first view_len entries of each row (None: all) as one block:
-  (B, 1, K, S, Dh) and (B, 1, K, Dh, S)."""
-  n = k_BxKxSxDh.shape[2] if view_len is None else view_len
-  return k_BxKxSxDh[:, None, :, :n], vt_BxKxDhxS[:, None, :, :, :n]
+  (B, 1, K, Dh, S) and (B, 1, K, S, Dh)."""
+  n = v_BxKxSxDh.shape[2] if view_len is None else view_len
+  return kt_BxKxDhxS[:, None, ..., :n], v_BxKxSxDh[:, None, :, :n]
 
 
-def _pages_view(k_PxKxNxDh, vt_PxKxDhxN, pages_BxV):
-  """Each slot's V pages in view: (B, V, K, N, Dh) and (B, V, K, Dh, N)."""
+def _pages_view(kt_PxKxDhxN, v_PxKxNxDh, pages_BxV):
+  """Each slot's V pages in view: (B, V, K, Dh, N) and (B, V, K, N, Dh)."""
   # Page id P (none) is clamped onto a real page: its entries are masked.
-  safe_BxV = jnp.minimum(pages_BxV, k_PxKxNxDh.shape[0] - 1)
-  return k_PxKxNxDh[safe_BxV], vt_PxKxDhxN[safe_BxV]
+  safe_BxV = jnp.minimum(pages_BxV, v_PxKxNxDh.shape[0] - 1)
+  return kt_PxKxDhxN[safe_BxV], v_PxKxNxDh[safe_BxV]
 
 
-def _attend_upto(q, k_view, vt_view, pos_B, cfg: ModelConfig,
+def _attend_upto(q, kt_view, v_view, pos_B, cfg: ModelConfig,
                  sharder: Sharder | None) -> jax.Array:
   """One query per slot over the V x S entries in view, of which those at
   0 .. pos_B count (a ring holds only written entries once pos >= R, and
   entries 0 .. pos before)."""
-  n = k_view.shape[1] * k_view.shape[3]
+  n = v_view.shape[1] * v_view.shape[3]
   mask_BxN = jnp.arange(n)[None, :] <= pos_B[:, None]
-  return _attend_blocks(q, k_view, vt_view, mask_BxN, cfg, sharder)
+  return _attend_blocks(q, kt_view, v_view, mask_BxN, cfg, sharder)
 
 
-def _paged_attend(q, k_new, v_new, k_pool, vt_pool, pages_BxV, pos_B,
+def _paged_attend(q, k_new, v_new, kt_pool, v_pool, pages_BxV, pos_B,
                   cfg: ModelConfig):
   """Writes one token per slot into its page and attends over the slot's
-  pages: (attention out, k_pool, vt_pool). Shard-local on a mesh."""
-  k_pool, vt_pool = _write_pages(k_pool, vt_pool, k_new[:, 0], v_new[:, 0],
+  pages: (attention out, kt_pool, v_pool). Shard-local on a mesh."""
+  kt_pool, v_pool = _write_pages(kt_pool, v_pool, k_new[:, 0], v_new[:, 0],
                                  pos_B, pages_BxV)
-  k_view, vt_view = _pages_view(k_pool, vt_pool, pages_BxV)
-  return _attend_upto(q, k_view, vt_view, pos_B, cfg, None), k_pool, vt_pool
+  kt_view, v_view = _pages_view(kt_pool, v_pool, pages_BxV)
+  return (_attend_upto(q, kt_view, v_view, pos_B, cfg, None), kt_pool,
+          v_pool)
 
 
 # Pages the TPU kernel copies into VMEM per block (at most; it must divide
@@ -281,7 +298,7 @@ def _kernel_attend(q, k_new, v_new, k_pool, v_pool, pages_BxV, pos_B,
   return out_BxHxDh[:, None], k_pool, v_pool
 
 
-def _paged_layer_attention(q, k_new, v_new, k_pool, vt_pool, pages_BxV,
+def _paged_layer_attention(q, k_new, v_new, kt_pool, v_pool, pages_BxV,
                            pos_B, cfg: ModelConfig, sharder: Sharder | None,
                            kernel: str = "xla"):
   """`_paged_attend` (or the TPU kernel's), on a mesh inside
@@ -293,7 +310,7 @@ def _paged_layer_attention(q, k_new, v_new, k_pool, vt_pool, pages_BxV,
     fn = functools.partial(_kernel_attend, cfg=cfg,
                            interpret=not on_tpu(sharder))
   if sharder is None:
-    return fn(q, k_new, v_new, k_pool, vt_pool, pages_BxV, pos_B)
+    return fn(q, k_new, v_new, kt_pool, v_pool, pages_BxV, pos_B)
   B, _, H, _ = q.shape
   K = k_new.shape[2]
   batch = attention._axes(sharder, "batch", B)
@@ -308,7 +325,7 @@ def _paged_layer_attention(q, k_new, v_new, k_pool, vt_pool, pages_BxV,
       fn, mesh=sharder.mesh,
       in_specs=(qkv, qkv, qkv, pool, pool, spec(batch, ()), spec(batch)),
       out_specs=(qkv, pool, pool), check_vma=False)(
-          q, k_new, v_new, k_pool, vt_pool, pages_BxV, pos_B)
+          q, k_new, v_new, kt_pool, v_pool, pages_BxV, pos_B)
 
 
 def on_tpu(sharder: Sharder | None) -> bool:
@@ -319,7 +336,7 @@ def on_tpu(sharder: Sharder | None) -> bool:
   return sharder.mesh.devices.flat[0].platform == "tpu"
 
 
-def _decode_layer(x_Bx1xD, lp: Params, positions_Bx1, k, vt,
+def _decode_layer(x_Bx1xD, lp: Params, positions_Bx1, kt, v,
                   cfg: ModelConfig, sharder: Sharder | None, sliding: bool,
                   view_len: int | None, pages_BxV, kernel: str,
                   sparse: bool = False):
@@ -330,17 +347,17 @@ def _decode_layer(x_Bx1xD, lp: Params, positions_Bx1, k, vt,
   q, k_new, v_new = _qkv(x_Bx1xD, lp, positions_Bx1, cfg, sharder, sliding)
   pos_B = positions_Bx1[:, 0]
   if pages_BxV is not None and not sliding:
-    attn, k, vt = _paged_layer_attention(q, k_new, v_new, k, vt, pages_BxV,
+    attn, kt, v = _paged_layer_attention(q, k_new, v_new, kt, v, pages_BxV,
                                          pos_B, cfg, sharder, kernel)
     attn = constrain(sharder, attn, ("batch", "length", "heads", "head_dim"))
   else:
     # A sliding layer's ring: written at position mod its length, read whole.
-    at_B = pos_B % k.shape[2] if sliding else pos_B
-    k, vt = _write_rows(k, vt, k_new[:, 0], v_new[:, 0], at_B)
-    attn = _attend_upto(q, *_rows_view(k, vt, None if sliding else view_len),
+    at_B = pos_B % v.shape[2] if sliding else pos_B
+    kt, v = _write_rows(kt, v, k_new[:, 0], v_new[:, 0], at_B)
+    attn = _attend_upto(q, *_rows_view(kt, v, None if sliding else view_len),
                         pos_B, cfg, sharder)
   x_Bx1xD, trace = _residual_and_ffn(x_Bx1xD, attn, lp, cfg, sharder, sparse)
-  return x_Bx1xD, k, vt, trace
+  return x_Bx1xD, kt, v, trace
 
 
 def decode_step(params: DecodeParams, tokens_B: jax.Array,
@@ -380,25 +397,25 @@ def traced_decode_step(params: DecodeParams, tokens_B: jax.Array,
   positions_Bx1 = lengths_B[:, None]
   x = _embed_tokens(params, tokens_B[:, None], cfg)
   x = constrain(sharder, x, ("batch", "length", "act_embed"))
-  caches = {False: iter(zip(cache.k, cache.vt)),
-            True: iter(zip(cache.local_k or (), cache.local_vt or ()))}
+  caches = {False: iter(zip(cache.kt, cache.v)),
+            True: iter(zip(cache.local_kt or (), cache.local_v or ()))}
   out = {False: ([], []), True: ([], [])}
   experts = []
   for lp, kind, sparse in zip(layers, cfg.layer_kinds, cfg.sparse_kinds):
     sliding = kind == SLIDING
-    k, vt = next(caches[sliding])
-    x, k, vt, trace = _decode_layer(x, lp, positions_Bx1, k, vt, cfg,
+    kt, v = next(caches[sliding])
+    x, kt, v, trace = _decode_layer(x, lp, positions_Bx1, kt, v, cfg,
                                     sharder, sliding, view_len, pages_BxV,
                                     kernel, sparse)
-    out[sliding][0].append(k)
-    out[sliding][1].append(vt)
+    out[sliding][0].append(kt)
+    out[sliding][1].append(v)
     if sparse:
       experts.append(trace.experts_BxTxK[:, 0])
   x = _norm(x, params["final_norm"], cfg)
-  if cache.local_k is None:
-    new_cache = DecodeCache(k=out[False][0], vt=out[False][1])
+  if cache.local_kt is None:
+    new_cache = DecodeCache(kt=out[False][0], v=out[False][1])
   else:
-    new_cache = DecodeCache(k=out[False][0], vt=out[False][1],
-                            local_k=out[True][0], local_vt=out[True][1])
+    new_cache = DecodeCache(kt=out[False][0], v=out[False][1],
+                            local_kt=out[True][0], local_v=out[True][1])
   experts_BxLxK = jnp.stack(experts, axis=1) if experts else None
   return unembed(params, x, cfg=cfg, sharder=sharder), new_cache, experts_BxLxK

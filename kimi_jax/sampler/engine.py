@@ -422,7 +422,7 @@ class Engine:
       logical = (first, "kv_heads", "length", "head_dim")
       if transposed:
         logical = (first, "kv_heads", "head_dim", "length")
-      if name in ("k", "vt") and self._kernel_layout:
+      if name in ("kt", "v") and self._kernel_layout:
         logical = ("kv_heads", first, "length", "head_dim")
       return [s.param_sharding(f"decode_state.cache.{name}[{i}]", x.shape,
                                logical) for i, x in enumerate(xs)]
@@ -431,9 +431,9 @@ class Engine:
     local = lambda name, xs, t=False: None if xs is None else layers(
         name, xs, "batch", t)
     cache = decode.DecodeCache(
-        k=layers("k", c.k, first), vt=layers("vt", c.vt, first, True),
-        local_k=local("local_k", c.local_k),
-        local_vt=local("local_vt", c.local_vt, True))
+        kt=layers("kt", c.kt, first, True), v=layers("v", c.v, first),
+        local_kt=local("local_kt", c.local_kt, True),
+        local_v=local("local_v", c.local_v))
     slot_sh = s.param_sharding("decode_state slots", (self.max_concurrent_decodes,),
                                ("batch",))
     return DecodeState(cache=cache, lengths=slot_sh, tokens=slot_sh,
@@ -865,15 +865,15 @@ class Engine:
         transformer.init_cache(self.cfg, B, self.cache_len))
     cache = rows
     if e.paged:
-      n_full = len(rows.k)
+      n_full = len(rows.kt)
       dt, K, Dh = self.cfg.compute_jnp_dtype, self.cfg.n_kv_heads, \
           self.cfg.head_dim
-      k_shape, vt_shape = ((e.n_pages, K, e.page_size, Dh),
-                           (e.n_pages, K, Dh, e.page_size))
+      kt_shape, v_shape = ((e.n_pages, K, Dh, e.page_size),
+                           (e.n_pages, K, e.page_size, Dh))
       if self._kernel_layout:
-        k_shape = vt_shape = (K, e.n_pages, e.page_size, Dh)
-      cache = rows._replace(k=[jnp.zeros(k_shape, dt)] * n_full,
-                            vt=[jnp.zeros(vt_shape, dt)] * n_full)
+        kt_shape = v_shape = (K, e.n_pages, e.page_size, Dh)
+      cache = rows._replace(kt=[jnp.zeros(kt_shape, dt)] * n_full,
+                            v=[jnp.zeros(v_shape, dt)] * n_full)
     return DecodeState(cache=cache, lengths=zeros_B, tokens=zeros_B,
                        index=zeros_B, active=jnp.zeros((B,), bool),
                        sampling=empty_slot_sampling(B))
@@ -930,7 +930,7 @@ class Engine:
     def put_pages(pool, new, axis):
       # new N x K x T x Dh (axis 2) or N x K x Dh x T (axis 3), cut into
       # N x M pages of the pool's page size.
-      if self._kernel_layout:  # pool K x P x page x Dh, values untransposed
+      if self._kernel_layout:  # pool K x P x page x Dh, keys untransposed
         return put_kernel_pages(pool, new if axis == 2 else
                                 jnp.swapaxes(new, 2, 3))
       page, M = pool.shape[axis], pages_NxM.shape[1]
@@ -956,12 +956,12 @@ class Engine:
     full = put_rows if pages_NxM is None else put_pages
     c = state.cache
     cache = decode.DecodeCache(
-        k=[full(a, b, 2) for a, b in zip(c.k, rows.k)],
-        vt=[full(a, b, 3) for a, b in zip(c.vt, rows.vt)],
-        local_k=None if c.local_k is None else [
-            put_rows(a, b, 2) for a, b in zip(c.local_k, rows.local_k)],
-        local_vt=None if c.local_vt is None else [
-            put_rows(a, b, 3) for a, b in zip(c.local_vt, rows.local_vt)])
+        kt=[full(a, b, 3) for a, b in zip(c.kt, rows.kt)],
+        v=[full(a, b, 2) for a, b in zip(c.v, rows.v)],
+        local_kt=None if c.local_kt is None else [
+            put_rows(a, b, 3) for a, b in zip(c.local_kt, rows.local_kt)],
+        local_v=None if c.local_v is None else [
+            put_rows(a, b, 2) for a, b in zip(c.local_v, rows.local_v)])
     return DecodeState(
         cache=cache, lengths=put(state.lengths, prefix.length),
         tokens=put(state.tokens, prefix.token),
@@ -995,8 +995,8 @@ class Engine:
     watch_steps = rest[-1]
     self._traces["generate"] += 1
     # Rows: the loop steps over the view alone (`decode.rows_prefix`).
-    rows = (pages_BxV is None and bool(state.cache.k)
-            and view < state.cache.k[0].shape[2])
+    rows = (pages_BxV is None and bool(state.cache.v)
+            and view < state.cache.v[0].shape[2])
     cache = decode.rows_prefix(state.cache, view) if rows else state.cache
     axes = self._loop_axes if apart else ()
     loop = functools.partial(
