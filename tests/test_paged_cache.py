@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from kimi_jax.model import transformer
+from kimi_jax.model import decode, transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sampler import handoff
 from kimi_jax.sampler.driver import SampleRequest, Sampler, continuation
@@ -239,3 +240,28 @@ def test_long_tail_lengths_are_heavy_tailed_and_capped():
   assert abs(median - mod.TAIL_MEDIAN) < 0.3 * mod.TAIL_MEDIAN
   assert (lengths == lengths.max()).mean() >= 0.05  # a tail at the cap
   assert np.mean(lengths) > 1.5 * median  # a heavy right tail
+
+
+@pytest.mark.host_inputs
+def test_a_call_puts_back_only_the_entries_its_steps_wrote():
+  """`decode.with_rows_written` against putting the whole view back: the
+  same cache when the steps wrote only their own entries, and entries past
+  the view or past a slot's steps untouched."""
+  rng = np.random.default_rng(0)
+  B, K, Dh, S, n, steps = 3, 2, 4, 24, 8, 3
+  f = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+  cache = decode.DecodeCache(kt=[f(B, K, Dh, S)], v=[f(B, K, S, Dh)])
+  start_B = jnp.asarray([0, 4, 7])  # slot 2: one entry in view, two past
+  view = decode.rows_prefix(cache, n)
+  written = np.zeros((B, n), bool)
+  for b, s in enumerate(np.asarray(start_B)):
+    written[b, s:s + steps] = True
+  new = lambda x, axis: jnp.where(
+      jnp.expand_dims(jnp.asarray(written), [1, 2] if axis == 3 else [1, 3]),
+      f(*x.shape), x)
+  view = view._replace(kt=[new(view.kt[0], 3)], v=[new(view.v[0], 2)])
+  got = decode.with_rows_written(cache, view, start_B, steps)
+  want_kt = cache.kt[0].at[..., :n].set(view.kt[0])
+  want_v = cache.v[0].at[:, :, :n].set(view.v[0])
+  np.testing.assert_array_equal(np.asarray(got.kt[0]), np.asarray(want_kt))
+  np.testing.assert_array_equal(np.asarray(got.v[0]), np.asarray(want_v))

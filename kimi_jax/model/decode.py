@@ -144,12 +144,34 @@ def rows_prefix(cache: DecodeCache, n: int) -> DecodeCache:
                         v=[v[:, :, :n] for v in cache.v])
 
 
-def with_rows_prefix(cache: DecodeCache, prefix: DecodeCache) -> DecodeCache:
-  """`cache` with `rows_prefix(cache, n)` replaced by `prefix`."""
-  put = lambda full, part: jax.lax.dynamic_update_slice(
-      full, part.astype(full.dtype), (0,) * full.ndim)
-  return prefix._replace(kt=[put(f, p) for f, p in zip(cache.kt, prefix.kt)],
-                         v=[put(f, p) for f, p in zip(cache.v, prefix.v)])
+def with_rows_written(cache: DecodeCache, prefix: DecodeCache,
+                      start_B: jax.Array, n_steps: int) -> DecodeCache:
+  """`cache` with what up to n_steps decode steps wrote into `prefix`
+  (`rows_prefix(cache, n)`, sliding rings whole) put back: slot b's entries
+  start_B[b] .. start_B[b] + n_steps - 1 that lie in the view. The rest of
+  the view is as it was sliced out. Putting back the whole view cost more:
+  the keys' entries are the minor axis of their rows, so the view is a
+  strided block of a long cache."""
+  B, _, n, _ = prefix.v[0].shape
+  S = cache.v[0].shape[2]
+  pos_BxN = start_B[:, None] + jnp.arange(n_steps)[None, :]
+  read_BxN = jnp.minimum(pos_BxN, n - 1)
+  write_BxN = jnp.where(pos_BxN < n, pos_BxN, S)  # S: past the end, dropped
+  rows_Bx1 = jnp.arange(B)[:, None]
+
+  def put_keys(full_BxKxDhxS, part_BxKxDhxn):
+    new_BxNxKxDh = part_BxKxDhxn[rows_Bx1, :, :, read_BxN]
+    return full_BxKxDhxS.at[rows_Bx1, :, :, write_BxN].set(
+        new_BxNxKxDh.astype(full_BxKxDhxS.dtype), mode="drop")
+
+  def put_values(full_BxKxSxDh, part_BxKxnxDh):
+    new_BxNxKxDh = part_BxKxnxDh[rows_Bx1, :, read_BxN]
+    return full_BxKxSxDh.at[rows_Bx1, :, write_BxN].set(
+        new_BxNxKxDh.astype(full_BxKxSxDh.dtype), mode="drop")
+
+  return prefix._replace(
+      kt=[put_keys(f, p) for f, p in zip(cache.kt, prefix.kt)],
+      v=[put_values(f, p) for f, p in zip(cache.v, prefix.v)])
 
 
 # ---- one layer --------------------------------------------------------------

@@ -1013,11 +1013,11 @@ class Engine:
           in_specs=(P(),) + (slots,) * 6 + (P(), slots),
           out_specs=(slots, (steps,) * (3 if self._record else 2)),
           check_vma=False)
-    full_cache = state.cache
+    full_cache, start_B = state.cache, state.lengths
     state, outputs = loop(*args)
     if rows:
-      state = state._replace(
-          cache=decode.with_rows_prefix(full_cache, state.cache))
+      state = state._replace(cache=decode.with_rows_written(
+          full_cache, state.cache, start_B, n_steps))
     if self._state_shardings is not None:
       state = jax.lax.with_sharding_constraint(state, self._state_shardings)
     tokens_NxB, logprobs_NxB, lengths_B = self._replicated(
