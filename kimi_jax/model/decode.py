@@ -159,19 +159,17 @@ def with_rows_written(cache: DecodeCache, prefix: DecodeCache,
   write_BxN = jnp.where(pos_BxN < n, pos_BxN, S)  # S: past the end, dropped
   rows_Bx1 = jnp.arange(B)[:, None]
 
-  def put_keys(full_BxKxDhxS, part_BxKxDhxn):
-    new_BxNxKxDh = part_BxKxDhxn[rows_Bx1, :, :, read_BxN]
-    return full_BxKxDhxS.at[rows_Bx1, :, :, write_BxN].set(
-        new_BxNxKxDh.astype(full_BxKxDhxS.dtype), mode="drop")
-
-  def put_values(full_BxKxSxDh, part_BxKxnxDh):
-    new_BxNxKxDh = part_BxKxnxDh[rows_Bx1, :, read_BxN]
-    return full_BxKxSxDh.at[rows_Bx1, :, write_BxN].set(
-        new_BxNxKxDh.astype(full_BxKxSxDh.dtype), mode="drop")
+  def put(full, part, axis):
+    # Entries on `axis`: 3 for keys (B, K, Dh, S), 2 for values
+    # (B, K, S, Dh); either way the picked entries come out B x N x K x Dh.
+    at = lambda pos_BxN: (rows_Bx1,) + (slice(None),) * (axis - 1) + (
+        pos_BxN,)
+    return full.at[at(write_BxN)].set(
+        part[at(read_BxN)].astype(full.dtype), mode="drop")
 
   return prefix._replace(
-      kt=[put_keys(f, p) for f, p in zip(cache.kt, prefix.kt)],
-      v=[put_values(f, p) for f, p in zip(cache.v, prefix.v)])
+      kt=[put(f, p, 3) for f, p in zip(cache.kt, prefix.kt)],
+      v=[put(f, p, 2) for f, p in zip(cache.v, prefix.v)])
 
 
 # ---- one layer --------------------------------------------------------------
