@@ -3,6 +3,7 @@
   python benchmarks/sampler.py --json /tmp/sampler.json
   python benchmarks/sampler.py --part peer --json /tmp/peer.json
   python benchmarks/sampler.py --part length --json /tmp/length.json
+  python benchmarks/sampler.py --part budget --json /tmp/budget.json
 
 --part peer: a fixed workload on the Qwen2-shaped config (4 layers, vocab
 512, width 256, 3.94 M parameters, random weights, seed 0): B requests of
@@ -44,6 +45,11 @@ to fit) and a Qwen2-shaped config:
 8192 (`slowdown_8192_vs_160`), and a long-tail workload through today's
 row cache against the paged one (sampler_length.py has the details).
 
+--part budget: the peer workload at 64 requests (`--batches` takes one
+number) with every call waited on and timed alone: prefill, each generate
+call's view and ms per step, the host's time between calls, and what the
+run would take if every step cost the cheapest call's (sampler_budget.py).
+
 The parts live beside this script: sampler_workloads.py (models, requests),
 sampler_measure.py (the measurements), sampler_tunix.py (Tunix's sampler on
 the peer workload), sampler_tables.py (the printed tables) and timing.py
@@ -66,9 +72,10 @@ from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
 from sampler_measure import (admission, cached_vs_recompute,
                              continuous_vs_static, handoff_timings, prepared,
                              throughput, throughput_row, timed_generate)
+from sampler_budget import budget_part
 from sampler_length import length_part, print_length
-from sampler_tables import (print_admission, print_handoff, print_peer,
-                            print_table)
+from sampler_tables import (print_admission, print_budget, print_handoff,
+                            print_peer, print_table)
 from sampler_tunix import prepared as tunix_prepared
 from sampler_tunix import row as tunix_row
 from sampler_tunix import timed as tunix_timed
@@ -171,23 +178,26 @@ def everything(batches: list[int], steps: int) -> dict:
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--json", help="write results here")
-  parser.add_argument("--batches", default="8,32,64")
+  parser.add_argument("--batches", default=None,
+                      help="comma-separated request counts (default "
+                           "8,32,64; --part budget: one, default 64)")
   parser.add_argument("--steps-per-call", type=int, default=DEFAULT_STEPS)
   parser.add_argument("--repeats", type=int, default=5,
-                      help="--part peer: timed calls per batch and sampler "
-                           "(the median is reported)")
+                      help="--part peer and budget: timed calls per batch "
+                           "and sampler (the median is reported)")
   parser.add_argument("--part", choices=("all", "peer", "handoff",
-                                         "admission", "length"),
+                                         "admission", "length", "budget"),
                       default="all",
                       help="peer: the fixed Qwen2-shaped workload and its "
                       "ceiling fraction; handoff: only the weight-handoff "
                       "timings (run with several devices, e.g. XLA_FLAGS="
                       "--xla_force_host_platform_device_count=8); "
                       "admission: only the batched-admission comparison; "
-                      "length: reserved cache lengths and the long tail")
+                      "length: reserved cache lengths and the long tail; "
+                      "budget: one batch's time call by call")
   args = parser.parse_args(argv)
   precision = pin_matmul_precision()
-  batches = [int(b) for b in args.batches.split(",")]
+  batches = [int(b) for b in (args.batches or "8,32,64").split(",")]
   steps = args.steps_per_call
   if args.part == "peer":
     report = peer(steps, batches, args.repeats)
@@ -196,6 +206,13 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
       report = dict(handoff=handoff_timings(QWEN_SHAPED, tmp))
     print_handoff(report)
+  elif args.part == "budget":
+    if args.batches is not None and len(batches) != 1:
+      parser.error(f"--part budget takes one batch, got --batches "
+                   f"{args.batches}")
+    report = budget_part(batches[0] if args.batches else 64, steps,
+                         args.repeats)
+    print_budget(report)
   elif args.part == "length":
     report = length_part(steps)
     print_length(report)

@@ -89,3 +89,26 @@ def print_handoff(report: dict) -> None:
           f" {report['handoff'][name]} |")
   print(f"params: {report['handoff']['param_bytes'] / 2**20:.1f} MiB, "
         f"mesh {report['handoff']['mesh']}")
+
+
+def print_budget(report: dict) -> None:
+  print(f"\nsampler, peer workload at {report['batch']} requests, call by "
+        f"call ({report['device']}; {report['steps_per_call']} steps per "
+        f"call; the clocked run of median wall time)")
+  print("| call | view | steps | ms per step |")
+  print("|---|---|---|---|")
+  for i, c in enumerate(report["calls"]):
+    print(f"| {i} | {c['view']} | {c['steps']} | {c['step_ms']:.2f} |")
+  print("\n| measure | seconds |")
+  print("|---|---|")
+  for key in ("plain_s", "wall_s", "prefill_s", "generate_s", "host_s",
+              "best_case_s", "tunix_s"):
+    if key in report:
+      print(f"| {key} | {report[key]:.3f} |")
+  if "tunix_s" in report:
+    print(f"\nvs Tunix: {report['vs_tunix_plain']:.2f}x plain, "
+          f"{report['vs_tunix_clocked']:.2f}x clocked, "
+          f"{report['vs_tunix_best_case']:.2f}x if every step cost the "
+          f"cheapest call's {report['step_ms_cheapest']:.2f} ms; "
+          f"{report['target']:.0f}x needs {report['step_ms_for_target']:.2f} "
+          f"ms per step (mean now {report['step_ms_mean']:.2f})")
