@@ -181,7 +181,9 @@ def main(argv=None) -> dict:
   parser.add_argument("--batches", default=None,
                       help="comma-separated request counts (default "
                            "8,32,64; --part budget: one, default 64)")
-  parser.add_argument("--steps-per-call", type=int, default=DEFAULT_STEPS)
+  parser.add_argument("--steps-per-call", type=int, default=DEFAULT_STEPS,
+                      help="decode steps per host round trip "
+                           "(sampler.steps_per_call in the configs)")
   parser.add_argument("--repeats", type=int, default=5,
                       help="--part peer and budget: timed calls per batch "
                            "and sampler (the median is reported)")
