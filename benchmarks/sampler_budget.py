@@ -119,10 +119,10 @@ def budget_part(batch: int = 64, steps: int = DEFAULT_STEPS,
     plain.append(timed_generate(sampler, params, reqs, "plain")[2])
     with clocked(sampler.engine) as log:
       _, stats, wall = timed_generate(sampler, params, reqs, "clocked")
-    if sum(c.get("steps", 0) for c in log) != stats.decode_steps:
-      raise AssertionError(f"the clocked calls ran "
-                           f"{sum(c.get('steps', 0) for c in log)} steps, "
-                           f"the sampler counted {stats.decode_steps}")
+    counted = sum(c.get("steps", 0) for c in log)
+    if counted != stats.decode_steps:
+      raise AssertionError(f"the clocked calls ran {counted} steps, the "
+                           f"sampler counted {stats.decode_steps}")
     runs.append((wall, log))
     if tunix is not None:
       theirs.append(tunix_timed(tunix[0], batch))

@@ -205,15 +205,15 @@ def _attend_blocks(q_Bx1xHxDh, kt_BxVxKxDhxS, v_BxVxKxSxDh, mask_BxVS,
   return constrain(sharder, out, ("batch", "length", "heads", "head_dim"))
 
 
-def _write_rows(kt_BxKxDhxS, v_BxKxSxDh, k_BxKxDh, v_BxKxDh, pos_B):
-  """The new token's key and value at entry pos_B of each row (a position
-  past the end is dropped)."""
-  rows_B = jnp.arange(v_BxKxSxDh.shape[0])
-  kt_BxKxDhxS = kt_BxKxDhxS.at[rows_B, :, :, pos_B].set(
-      k_BxKxDh.astype(kt_BxKxDhxS.dtype), mode="drop")
-  v_BxKxSxDh = v_BxKxSxDh.at[rows_B, :, pos_B].set(
-      v_BxKxDh.astype(v_BxKxSxDh.dtype), mode="drop")
-  return kt_BxKxDhxS, v_BxKxSxDh
+def _write_entries(kt_XxKxDhxN, v_XxKxNxDh, k_BxKxDh, v_BxKxDh, block_B,
+                   at_B):
+  """The new token's key and value at entry at_B of block block_B (a row
+  or a page; an index past the end is dropped)."""
+  kt_XxKxDhxN = kt_XxKxDhxN.at[block_B, :, :, at_B].set(
+      k_BxKxDh.astype(kt_XxKxDhxN.dtype), mode="drop")
+  v_XxKxNxDh = v_XxKxNxDh.at[block_B, :, at_B].set(
+      v_BxKxDh.astype(v_XxKxNxDh.dtype), mode="drop")
+  return kt_XxKxDhxN, v_XxKxNxDh
 
 
 def page_of(pages_BxV: jax.Array, pos_B: jax.Array, page: int, n_pages: int
@@ -231,13 +231,8 @@ def _write_pages(kt_PxKxDhxN, v_PxKxNxDh, k_BxKxDh, v_BxKxDh, pos_B,
                  pages_BxV):
   """The new token's key and value into its page (N entries per page)."""
   P, _, N, _ = v_PxKxNxDh.shape
-  page_B = page_of(pages_BxV, pos_B, N, P)
-  at_B = pos_B % N
-  kt_PxKxDhxN = kt_PxKxDhxN.at[page_B, :, :, at_B].set(
-      k_BxKxDh.astype(kt_PxKxDhxN.dtype), mode="drop")
-  v_PxKxNxDh = v_PxKxNxDh.at[page_B, :, at_B].set(
-      v_BxKxDh.astype(v_PxKxNxDh.dtype), mode="drop")
-  return kt_PxKxDhxN, v_PxKxNxDh
+  return _write_entries(kt_PxKxDhxN, v_PxKxNxDh, k_BxKxDh, v_BxKxDh,
+                        page_of(pages_BxV, pos_B, N, P), pos_B % N)
 
 
 def _rows_view(kt_BxKxDhxS, v_BxKxSxDh, view_len: int | None = None):
@@ -373,7 +368,8 @@ def _decode_layer(x_Bx1xD, lp: Params, positions_Bx1, kt, v,
   else:
     # A sliding layer's ring: written at position mod its length, read whole.
     at_B = pos_B % v.shape[2] if sliding else pos_B
-    kt, v = _write_rows(kt, v, k_new[:, 0], v_new[:, 0], at_B)
+    kt, v = _write_entries(kt, v, k_new[:, 0], v_new[:, 0],
+                           jnp.arange(v.shape[0]), at_B)
     attn = _attend_upto(q, *_rows_view(kt, v, None if sliding else view_len),
                         pos_B, cfg, sharder)
   x_Bx1xD, trace = _residual_and_ffn(x_Bx1xD, attn, lp, cfg, sharder, sparse)
