@@ -4,6 +4,7 @@
   python benchmarks/sampler.py --part peer --json /tmp/peer.json
   python benchmarks/sampler.py --part length --json /tmp/length.json
   python benchmarks/sampler.py --part budget --json /tmp/budget.json
+  python benchmarks/sampler.py --part cores --json /tmp/cores.json
 
 --part peer: a fixed workload on the Qwen2-shaped config (4 layers, vocab
 512, width 256, 3.94 M parameters, random weights, seed 0): B requests of
@@ -50,6 +51,11 @@ number) with every call waited on and timed alone: prefill, each generate
 call's view and ms per step, the host's time between calls, and what the
 run would take if every step cost the cheapest call's (sampler_budget.py).
 
+--part cores: the peer workload at 64 requests (`--batches` takes one
+number) with every thread of the process pinned to one core, alternating
+with runs on all allowed cores, for kimi_jax's sampler and Tunix's: what
+the other cores buy each (sampler_cores.py; Linux only).
+
 The parts live beside this script: sampler_workloads.py (models, requests),
 sampler_measure.py (the measurements), sampler_tunix.py (Tunix's sampler on
 the peer workload), sampler_tables.py (the printed tables) and timing.py
@@ -73,9 +79,10 @@ from sampler_measure import (admission, cached_vs_recompute,
                              continuous_vs_static, handoff_timings, prepared,
                              throughput, throughput_row, timed_generate)
 from sampler_budget import budget_part
+from sampler_cores import cores_part
 from sampler_length import length_part, print_length
-from sampler_tables import (print_admission, print_budget, print_handoff,
-                            print_peer, print_table)
+from sampler_tables import (print_admission, print_budget, print_cores,
+                            print_handoff, print_peer, print_table)
 from sampler_tunix import prepared as tunix_prepared
 from sampler_tunix import row as tunix_row
 from sampler_tunix import timed as tunix_timed
@@ -180,15 +187,18 @@ def main(argv=None) -> dict:
   parser.add_argument("--json", help="write results here")
   parser.add_argument("--batches", default=None,
                       help="comma-separated request counts (default "
-                           "8,32,64; --part budget: one, default 64)")
+                           "8,32,64; --part budget and cores: one, default "
+                           "64)")
   parser.add_argument("--steps-per-call", type=int, default=DEFAULT_STEPS,
                       help="decode steps per host round trip "
                            "(sampler.steps_per_call in the configs)")
   parser.add_argument("--repeats", type=int, default=5,
-                      help="--part peer and budget: timed calls per batch "
-                           "and sampler (the median is reported)")
+                      help="--part peer, budget and cores: timed calls per "
+                           "batch, sampler and setting (the median is "
+                           "reported)")
   parser.add_argument("--part", choices=("all", "peer", "handoff",
-                                         "admission", "length", "budget"),
+                                         "admission", "length", "budget",
+                                         "cores"),
                       default="all",
                       help="peer: the fixed Qwen2-shaped workload and its "
                       "ceiling fraction; handoff: only the weight-handoff "
@@ -196,7 +206,8 @@ def main(argv=None) -> dict:
                       "--xla_force_host_platform_device_count=8); "
                       "admission: only the batched-admission comparison; "
                       "length: reserved cache lengths and the long tail; "
-                      "budget: one batch's time call by call")
+                      "budget: one batch's time call by call; cores: one "
+                      "batch pinned to one CPU core against all of them")
   args = parser.parse_args(argv)
   precision = pin_matmul_precision()
   batches = [int(b) for b in (args.batches or "8,32,64").split(",")]
@@ -208,13 +219,17 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
       report = dict(handoff=handoff_timings(QWEN_SHAPED, tmp))
     print_handoff(report)
-  elif args.part == "budget":
+  elif args.part in ("budget", "cores"):
     if args.batches is not None and len(batches) != 1:
-      parser.error(f"--part budget takes one batch, got --batches "
+      parser.error(f"--part {args.part} takes one batch, got --batches "
                    f"{args.batches}")
-    report = budget_part(batches[0] if args.batches else 64, steps,
-                         args.repeats)
-    print_budget(report)
+    batch = batches[0] if args.batches else 64
+    if args.part == "budget":
+      report = budget_part(batch, steps, args.repeats)
+      print_budget(report)
+    else:
+      report = cores_part(batch, steps, args.repeats)
+      print_cores(report)
   elif args.part == "length":
     report = length_part(steps)
     print_length(report)

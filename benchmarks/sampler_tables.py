@@ -112,3 +112,21 @@ def print_budget(report: dict) -> None:
           f"cheapest call's {report['step_ms_cheapest']:.2f} ms; "
           f"{report['target']:.0f}x needs {report['step_ms_for_target']:.2f} "
           f"ms per step (mean now {report['step_ms_mean']:.2f})")
+
+
+def print_cores(report: dict) -> None:
+  print(f"\nsampler, peer workload at {report['batch']} requests: a process "
+        f"on CPU {report['one_core']} against one on all {report['cpus']} "
+        f"allowed ({report['device']}; median of {report['repeats']}, "
+        f"taking turns)")
+  print("| sampler | tokens/s on one core | tokens/s on all | all / one |")
+  print("|---|---|---|---|")
+  for name in report["runs_s"]:
+    print(f"| {name} | {report[f'{name}_tok_s_one']:.0f} | "
+          f"{report[f'{name}_tok_s_all']:.0f} | "
+          f"{report[f'{name}_cores_gain']:.2f}x |")
+  if "vs_tunix_one" in report:
+    print(f"\nkimi_jax / Tunix: {report['vs_tunix_one']:.2f}x on one core, "
+          f"{report['vs_tunix_all']:.2f}x on all")
+  print(f"kimi_jax drew the same results in every round of both processes: "
+        f"{report['same_results']}")

@@ -1,0 +1,151 @@
+"""What the CPU's other cores buy the peer workload.
+
+Two child processes run the peer requests (sampler_workloads.py, 64 by
+default) through kimi_jax's sampler, and through Tunix's when it is
+installed: one started on a single core, one on all the cores this process
+may use. Each is pinned before it imports JAX, so its XLA:CPU runtime sizes
+its thread pool for the cores it has (pinning a running process instead
+leaves that pool's threads fighting over one core, which measures the
+fight). Both warm up, then take turns, a timed round each, so that a
+drift in the machine's speed hits both alike; medians over `repeats`.
+
+A decode step is several hundred small XLA:CPU operations run one after
+another, most too small to split well between threads: `cores_gain`
+(tokens/s on all cores over tokens/s on one) says how much of the machine
+a sampler turns into speed. Linux only (os.sched_setaffinity).
+
+  python benchmarks/sampler.py --part cores --json OUT
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from sampler_workloads import (DEFAULT_STEPS, FALLBACK_TINY, NEW_TOKENS,
+                               QWEN_SHAPED)
+
+MODELS = {"qwen2-shaped": QWEN_SHAPED, "fallback-tiny": FALLBACK_TINY}
+TAG = "CORES "  # the protocol's lines on a child's stdout start with it
+
+
+def cores_figures(runs_s: dict[str, dict[str, list[float]]], batch: int,
+                  n_cpus: int) -> dict:
+  """Tokens/s per sampler and setting ("one", "all") from the timed
+  seconds of each run, the gain of all cores over one, and kimi_jax's lead
+  over Tunix in each setting (when Tunix ran)."""
+  tokens = batch * NEW_TOKENS
+  out: dict = dict(batch=batch, cpus=n_cpus, runs_s=runs_s)
+  for name, by_setting in runs_s.items():
+    for setting, runs in by_setting.items():
+      out[f"{name}_tok_s_{setting}"] = tokens / float(np.median(runs))
+    out[f"{name}_cores_gain"] = (out[f"{name}_tok_s_all"] /
+                                 out[f"{name}_tok_s_one"])
+  if "tunix" in runs_s:
+    for setting in ("one", "all"):
+      out[f"vs_tunix_{setting}"] = (out[f"kimi_jax_tok_s_{setting}"] /
+                                    out[f"tunix_tok_s_{setting}"])
+  return out
+
+
+def _say(**fields) -> None:
+  print(TAG + json.dumps(fields), flush=True)
+
+
+def serve(batch: int, steps: int, model: str, with_tunix: bool) -> None:
+  """A child: warm both samplers up, say so, then answer every "run" line
+  on stdin with one timed round (seconds of each sampler, and a digest of
+  kimi_jax's results)."""
+  import jax  # imported here: the child is pinned before JAX starts
+
+  from kimi_jax.model import transformer
+  from sampler_measure import prepared, timed_generate
+  from sampler_tunix import prepared as tunix_prepared
+  from sampler_tunix import timed as tunix_timed
+  cfg = MODELS[model]
+  params = jax.jit(lambda k: transformer.init_params(cfg, k))(
+      jax.random.key(0))
+  sampler, reqs, _ = prepared(cfg, params, batch, steps)
+  tunix = tunix_prepared(cfg, params, batch) if with_tunix else None
+  _say(cpus=sorted(os.sched_getaffinity(0)), tunix=tunix is not None,
+       device=str(jax.devices()[0]))
+  for line in sys.stdin:
+    if line.strip() != "run":
+      return
+    out, _, wall = timed_generate(sampler, params, reqs, "cores")
+    theirs = None if tunix is None else tunix_timed(tunix[0], batch)
+    _say(kimi_jax=wall, tunix=theirs,
+         digest=hashlib.sha256(repr(out).encode()).hexdigest())
+
+
+class Child:
+  """A `serve` process pinned to `cpus` from its first instruction."""
+
+  def __init__(self, cpus: set[int], batch: int, steps: int, model: str,
+               with_tunix: bool):
+    here = os.path.dirname(os.path.abspath(__file__))
+    boot = ("import os, sys; os.sched_setaffinity(0, {cpus}); "
+            "sys.path.insert(0, {here!r}); import sampler_cores; "
+            "sampler_cores.serve({batch}, {steps}, {model!r}, {tunix})"
+            ).format(cpus=sorted(cpus), here=here, batch=batch, steps=steps,
+                     model=model, tunix=with_tunix)
+    self.proc = subprocess.Popen([sys.executable, "-c", boot],
+                                 stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+
+  def read(self) -> dict:
+    for line in self.proc.stdout:
+      if line.startswith(TAG):
+        return json.loads(line[len(TAG):])
+    raise RuntimeError(f"a --part cores child ended (exit code "
+                       f"{self.proc.wait()}) before it answered")
+
+  def round(self) -> dict:
+    self.proc.stdin.write("run\n")
+    self.proc.stdin.flush()
+    return self.read()
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.stdin.close()
+      self.proc.wait(timeout=60)
+
+
+def cores_part(batch: int = 64, steps: int = DEFAULT_STEPS,
+               repeats: int = 5, model: str = "qwen2-shaped",
+               with_tunix: bool = True) -> dict:
+  """`repeats` rounds, each timing the child on the lowest-numbered allowed
+  core, then the child on all allowed cores."""
+  allowed = sorted(os.sched_getaffinity(0))
+  if len(allowed) < 2:
+    raise SystemExit(f"--part cores compares one core with several; this "
+                     f"process may use only CPUs {allowed}")
+  children = {"one": Child({allowed[0]}, batch, steps, model, with_tunix),
+              "all": Child(set(allowed), batch, steps, model, with_tunix)}
+  try:
+    ready = {s: c.read() for s, c in children.items()}
+    names = ["kimi_jax"] + (["tunix"] if ready["one"]["tunix"] else [])
+    runs = {n: {s: [] for s in children} for n in names}
+    digests = {s: set() for s in children}
+    for _ in range(repeats):
+      for setting, child in children.items():
+        answer = child.round()
+        digests[setting].add(answer["digest"])
+        for n in names:
+          runs[n][setting].append(answer[n])
+  finally:
+    for child in children.values():
+      child.close()
+  report = cores_figures(runs, batch, len(allowed))
+  report.update(device=ready["one"]["device"], steps_per_call=steps,
+                new_tokens=NEW_TOKENS, repeats=repeats, model=model,
+                cpus_of={s: r["cpus"] for s, r in ready.items()},
+                one_core=allowed[0],
+                # Every round of both children drew the same results.
+                same_results=len(digests["one"] | digests["all"]) == 1)
+  return report
