@@ -5,6 +5,7 @@
   python benchmarks/sampler.py --part length --json /tmp/length.json
   python benchmarks/sampler.py --part budget --json /tmp/budget.json
   python benchmarks/sampler.py --part cores --json /tmp/cores.json
+  python benchmarks/sampler.py --part profile --json /tmp/profile.json
 
 --part peer: a fixed workload on the Qwen2-shaped config (4 layers, vocab
 512, width 256, 3.94 M parameters, random weights, seed 0): B requests of
@@ -56,6 +57,10 @@ number) with every thread of the process pinned to one core, alternating
 with runs on all allowed cores, for kimi_jax's sampler and Tunix's: what
 the other cores buy each (sampler_cores.py; Linux only).
 
+--part profile: one traced call of the peer workload at 64 requests on one
+core and on all: thread milliseconds per decode step by kind of XLA:CPU
+operation, and how many threads ran at once (sampler_profile.py).
+
 The parts live beside this script: sampler_workloads.py (models, requests),
 sampler_measure.py (the measurements), sampler_tunix.py (Tunix's sampler on
 the peer workload), sampler_tables.py (the printed tables) and timing.py
@@ -80,9 +85,11 @@ from sampler_measure import (admission, cached_vs_recompute,
                              throughput, throughput_row, timed_generate)
 from sampler_budget import budget_part
 from sampler_cores import cores_part
+from sampler_profile import profile_part
 from sampler_length import length_part, print_length
 from sampler_tables import (print_admission, print_budget, print_cores,
-                            print_handoff, print_peer, print_table)
+                            print_handoff, print_peer, print_profile,
+                            print_table)
 from sampler_tunix import prepared as tunix_prepared
 from sampler_tunix import row as tunix_row
 from sampler_tunix import timed as tunix_timed
@@ -187,8 +194,8 @@ def main(argv=None) -> dict:
   parser.add_argument("--json", help="write results here")
   parser.add_argument("--batches", default=None,
                       help="comma-separated request counts (default "
-                           "8,32,64; --part budget and cores: one, default "
-                           "64)")
+                           "8,32,64; --part budget, cores and profile: one, "
+                           "default 64)")
   parser.add_argument("--steps-per-call", type=int, default=DEFAULT_STEPS,
                       help="decode steps per host round trip "
                            "(sampler.steps_per_call in the configs)")
@@ -198,7 +205,7 @@ def main(argv=None) -> dict:
                            "reported)")
   parser.add_argument("--part", choices=("all", "peer", "handoff",
                                          "admission", "length", "budget",
-                                         "cores"),
+                                         "cores", "profile"),
                       default="all",
                       help="peer: the fixed Qwen2-shaped workload and its "
                       "ceiling fraction; handoff: only the weight-handoff "
@@ -207,7 +214,9 @@ def main(argv=None) -> dict:
                       "admission: only the batched-admission comparison; "
                       "length: reserved cache lengths and the long tail; "
                       "budget: one batch's time call by call; cores: one "
-                      "batch pinned to one CPU core against all of them")
+                      "batch pinned to one CPU core against all of them; "
+                      "profile: a decode step's thread time by kind of "
+                      "operation, on one core and on all")
   args = parser.parse_args(argv)
   precision = pin_matmul_precision()
   batches = [int(b) for b in (args.batches or "8,32,64").split(",")]
@@ -219,7 +228,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
       report = dict(handoff=handoff_timings(QWEN_SHAPED, tmp))
     print_handoff(report)
-  elif args.part in ("budget", "cores"):
+  elif args.part in ("budget", "cores", "profile"):
     if args.batches is not None and len(batches) != 1:
       parser.error(f"--part {args.part} takes one batch, got --batches "
                    f"{args.batches}")
@@ -227,9 +236,12 @@ def main(argv=None) -> dict:
     if args.part == "budget":
       report = budget_part(batch, steps, args.repeats)
       print_budget(report)
-    else:
+    elif args.part == "cores":
       report = cores_part(batch, steps, args.repeats)
       print_cores(report)
+    else:
+      report = profile_part(batch, steps)
+      print_profile(report)
   elif args.part == "length":
     report = length_part(steps)
     print_length(report)

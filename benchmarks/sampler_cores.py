@@ -20,18 +20,16 @@ a sampler turns into speed. Linux only (os.sched_setaffinity).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 
+from child import Child, allowed_cpus, say
 from sampler_workloads import (DEFAULT_STEPS, FALLBACK_TINY, NEW_TOKENS,
                                QWEN_SHAPED)
 
 MODELS = {"qwen2-shaped": QWEN_SHAPED, "fallback-tiny": FALLBACK_TINY}
-TAG = "CORES "  # the protocol's lines on a child's stdout start with it
 
 
 def cores_figures(runs_s: dict[str, dict[str, list[float]]], batch: int,
@@ -53,10 +51,6 @@ def cores_figures(runs_s: dict[str, dict[str, list[float]]], batch: int,
   return out
 
 
-def _say(**fields) -> None:
-  print(TAG + json.dumps(fields), flush=True)
-
-
 def serve(batch: int, steps: int, model: str, with_tunix: bool) -> None:
   """A child: warm both samplers up, say so, then answer every "run" line
   on stdin with one timed round (seconds of each sampler, and a digest of
@@ -72,48 +66,15 @@ def serve(batch: int, steps: int, model: str, with_tunix: bool) -> None:
       jax.random.key(0))
   sampler, reqs, _ = prepared(cfg, params, batch, steps)
   tunix = tunix_prepared(cfg, params, batch) if with_tunix else None
-  _say(cpus=sorted(os.sched_getaffinity(0)), tunix=tunix is not None,
+  say(cpus=sorted(os.sched_getaffinity(0)), tunix=tunix is not None,
        device=str(jax.devices()[0]))
   for line in sys.stdin:
     if line.strip() != "run":
       return
     out, _, wall = timed_generate(sampler, params, reqs, "cores")
     theirs = None if tunix is None else tunix_timed(tunix[0], batch)
-    _say(kimi_jax=wall, tunix=theirs,
+    say(kimi_jax=wall, tunix=theirs,
          digest=hashlib.sha256(repr(out).encode()).hexdigest())
-
-
-class Child:
-  """A `serve` process pinned to `cpus` from its first instruction."""
-
-  def __init__(self, cpus: set[int], batch: int, steps: int, model: str,
-               with_tunix: bool):
-    here = os.path.dirname(os.path.abspath(__file__))
-    boot = ("import os, sys; os.sched_setaffinity(0, {cpus}); "
-            "sys.path.insert(0, {here!r}); import sampler_cores; "
-            "sampler_cores.serve({batch}, {steps}, {model!r}, {tunix})"
-            ).format(cpus=sorted(cpus), here=here, batch=batch, steps=steps,
-                     model=model, tunix=with_tunix)
-    self.proc = subprocess.Popen([sys.executable, "-c", boot],
-                                 stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
-
-  def read(self) -> dict:
-    for line in self.proc.stdout:
-      if line.startswith(TAG):
-        return json.loads(line[len(TAG):])
-    raise RuntimeError(f"a --part cores child ended (exit code "
-                       f"{self.proc.wait()}) before it answered")
-
-  def round(self) -> dict:
-    self.proc.stdin.write("run\n")
-    self.proc.stdin.flush()
-    return self.read()
-
-  def close(self) -> None:
-    if self.proc.poll() is None:
-      self.proc.stdin.close()
-      self.proc.wait(timeout=60)
 
 
 def cores_part(batch: int = 64, steps: int = DEFAULT_STEPS,
@@ -121,12 +82,10 @@ def cores_part(batch: int = 64, steps: int = DEFAULT_STEPS,
                with_tunix: bool = True) -> dict:
   """`repeats` rounds, each timing the child on the lowest-numbered allowed
   core, then the child on all allowed cores."""
-  allowed = sorted(os.sched_getaffinity(0))
-  if len(allowed) < 2:
-    raise SystemExit(f"--part cores compares one core with several; this "
-                     f"process may use only CPUs {allowed}")
-  children = {"one": Child({allowed[0]}, batch, steps, model, with_tunix),
-              "all": Child(set(allowed), batch, steps, model, with_tunix)}
+  allowed = allowed_cpus("cores")
+  call = f"sampler_cores.serve({batch}, {steps}, {model!r}, {with_tunix})"
+  children = {"one": Child({allowed[0]}, "sampler_cores", call),
+              "all": Child(set(allowed), "sampler_cores", call)}
   try:
     ready = {s: c.read() for s, c in children.items()}
     names = ["kimi_jax"] + (["tunix"] if ready["one"]["tunix"] else [])
@@ -134,7 +93,7 @@ def cores_part(batch: int = 64, steps: int = DEFAULT_STEPS,
     digests = {s: set() for s in children}
     for _ in range(repeats):
       for setting, child in children.items():
-        answer = child.round()
+        answer = child.ask("run")
         digests[setting].add(answer["digest"])
         for n in names:
           runs[n][setting].append(answer[n])

@@ -130,3 +130,20 @@ def print_cores(report: dict) -> None:
           f"{report['vs_tunix_all']:.2f}x on all")
   print(f"kimi_jax drew the same results in every round of both processes: "
         f"{report['same_results']}")
+
+
+def print_profile(report: dict) -> None:
+  one, every = report["one"], report["all"]
+  print(f"\nsampler, peer workload at {report['batch']} requests, one traced "
+        f"call: thread ms per decode step by kind of operation (CPUs "
+        f"{one['cpus']} / {every['cpus']})")
+  print("| operations | one core | all cores |")
+  print("|---|---|---|")
+  for name in one["thread_ms_per_step"]:
+    print(f"| {name} | {one['thread_ms_per_step'][name]:.2f} | "
+          f"{every['thread_ms_per_step'][name]:.2f} |")
+  for key, label in (("thread_ms_per_step_total", "all operations"),
+                     ("busy_ms_per_step", "time any thread was busy")):
+    print(f"| {label} | {one[key]:.2f} | {every[key]:.2f} |")
+  print(f"| threads at once, on average | {one['parallelism']:.2f} | "
+        f"{every['parallelism']:.2f} |")

@@ -11,6 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import sampler_cores  # noqa: E402
+from child import Child  # noqa: E402
 from sampler_workloads import NEW_TOKENS  # noqa: E402
 
 ALLOWED = sorted(os.sched_getaffinity(0)) if hasattr(
@@ -49,7 +50,8 @@ def test_a_tiny_run_pins_each_child_and_both_draw_the_same_tokens():
 
 @two_cpus
 def test_a_child_that_fails_to_start_is_reported():
-  child = sampler_cores.Child({ALLOWED[0]}, 4, 16, "no-such-model", False)
+  child = Child({ALLOWED[0]}, "sampler_cores",
+                "sampler_cores.serve(4, 16, 'no-such-model', False)")
   with pytest.raises(RuntimeError, match="ended .exit code 1"):
     child.read()
   child.close()
