@@ -21,12 +21,14 @@ def say(**fields) -> None:
 
 
 class Child:
-  """`python -c` running `call` (an expression over this directory's
-  modules, e.g. "sampler_cores.serve(4, 16, 'fallback-tiny', False)") on
-  `cpus`, with `env` (default: this process's environment)."""
+  """`python -c` running `call`, a call of a function of one of this
+  directory's modules (e.g. "sampler_cores.serve(4, 16, 'fallback-tiny',
+  False)"), on `cpus`, with `env` (default: this process's
+  environment)."""
 
-  def __init__(self, cpus: set[int], module: str, call: str,
+  def __init__(self, cpus: set[int], call: str,
                env: dict[str, str] | None = None):
+    module = call.split(".", 1)[0]
     boot = (f"import os, sys; os.sched_setaffinity(0, {sorted(cpus)}); "
             f"sys.path.insert(0, {HERE!r}); import {module}; {call}")
     self.proc = subprocess.Popen([sys.executable, "-c", boot],

@@ -53,9 +53,9 @@ call's view and ms per step, the host's time between calls, and what the
 run would take if every step cost the cheapest call's (sampler_budget.py).
 
 --part cores: the peer workload at 64 requests (`--batches` takes one
-number) with every thread of the process pinned to one core, alternating
-with runs on all allowed cores, for kimi_jax's sampler and Tunix's: what
-the other cores buy each (sampler_cores.py; Linux only).
+number) in a child process pinned to one core before it imports JAX and
+in one on all allowed cores, taking turns, for kimi_jax's sampler and
+Tunix's: what the other cores buy each (sampler_cores.py; Linux only).
 
 --part profile: one traced call of the peer workload at 64 requests on one
 core and on all: thread milliseconds per decode step by kind of XLA:CPU
@@ -77,12 +77,12 @@ import tempfile
 
 import jax
 
-from kimi_jax.model import transformer
 from kimi_jax.model.config import count_params
 from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
 from sampler_measure import (admission, cached_vs_recompute,
                              continuous_vs_static, handoff_timings, prepared,
-                             throughput, throughput_row, timed_generate)
+                             random_params, throughput, throughput_row,
+                             timed_generate)
 from sampler_budget import budget_part
 from sampler_cores import cores_part
 from sampler_profile import profile_part
@@ -103,8 +103,7 @@ def peer(steps: int, batches=(8, 32, 64), repeats: int = 5) -> dict:
   load_before = os.getloadavg()
   peak = matmul_peak_flops()
   cfg = QWEN_SHAPED
-  params = jax.jit(lambda k: transformer.init_params(cfg, k))(
-      jax.random.key(0))
+  params = random_params(cfg)
   ceiling = peak / (2 * count_params(cfg))
   report = dict(device=str(jax.devices()[0]), workload=dict(
       prompt_len=PROMPT_LEN, new_tokens=NEW_TOKENS, temperature=1.0,
@@ -155,8 +154,7 @@ def peer(steps: int, batches=(8, 32, 64), repeats: int = 5) -> dict:
 def admission_only() -> dict:
   """The batched-admission comparison alone, on the tiny config."""
   name, cfg = tiny_config()
-  params = jax.jit(lambda k: transformer.init_params(cfg, k))(
-      jax.random.key(0))
+  params = random_params(cfg)
   return dict(device=str(jax.devices()[0].platform),
               configs={name: dict(admission=admission(cfg, params))})
 
@@ -168,8 +166,7 @@ def everything(batches: list[int], steps: int) -> dict:
                 configs={})
   tiny_name, tiny = tiny_config()
   for name, cfg in ((tiny_name, tiny), ("qwen2-shaped", QWEN_SHAPED)):
-    params = jax.jit(lambda k, c=cfg: transformer.init_params(c, k))(
-        jax.random.key(0))
+    params = random_params(cfg)
     rows, engines = [], {}
     for b in batches:
       row, engines[b] = throughput(cfg, params, b, steps)

@@ -26,9 +26,8 @@ from typing import Iterator
 import jax
 import numpy as np
 
-from kimi_jax.model import transformer
 from kimi_jax.sampler.engine import Engine
-from sampler_measure import prepared, timed_generate
+from sampler_measure import prepared, random_params, timed_generate
 from sampler_tunix import prepared as tunix_prepared
 from sampler_tunix import timed as tunix_timed
 from sampler_workloads import DEFAULT_STEPS, NEW_TOKENS, QWEN_SHAPED
@@ -110,8 +109,7 @@ def budget_part(batch: int = 64, steps: int = DEFAULT_STEPS,
   """`repeats` rounds of a plain run, a clocked run and (if installed)
   Tunix's run of the same `batch` requests; the clocked run of median wall
   time is the one `budget` reads."""
-  params = jax.jit(lambda k: transformer.init_params(cfg, k))(
-      jax.random.key(0))
+  params = random_params(cfg)
   sampler, reqs, _ = prepared(cfg, params, batch, steps)
   tunix = tunix_prepared(cfg, params, batch)
   plain, runs, theirs = [], [], []

@@ -26,10 +26,7 @@ import sys
 import numpy as np
 
 from child import Child, allowed_cpus, say
-from sampler_workloads import (DEFAULT_STEPS, FALLBACK_TINY, NEW_TOKENS,
-                               QWEN_SHAPED)
-
-MODELS = {"qwen2-shaped": QWEN_SHAPED, "fallback-tiny": FALLBACK_TINY}
+from sampler_workloads import DEFAULT_STEPS, MODELS, NEW_TOKENS
 
 
 def cores_figures(runs_s: dict[str, dict[str, list[float]]], batch: int,
@@ -57,24 +54,22 @@ def serve(batch: int, steps: int, model: str, with_tunix: bool) -> None:
   kimi_jax's results)."""
   import jax  # imported here: the child is pinned before JAX starts
 
-  from kimi_jax.model import transformer
-  from sampler_measure import prepared, timed_generate
+  from sampler_measure import prepared, random_params, timed_generate
   from sampler_tunix import prepared as tunix_prepared
   from sampler_tunix import timed as tunix_timed
   cfg = MODELS[model]
-  params = jax.jit(lambda k: transformer.init_params(cfg, k))(
-      jax.random.key(0))
+  params = random_params(cfg)
   sampler, reqs, _ = prepared(cfg, params, batch, steps)
   tunix = tunix_prepared(cfg, params, batch) if with_tunix else None
   say(cpus=sorted(os.sched_getaffinity(0)), tunix=tunix is not None,
-       device=str(jax.devices()[0]))
+      device=str(jax.devices()[0]))
   for line in sys.stdin:
     if line.strip() != "run":
       return
     out, _, wall = timed_generate(sampler, params, reqs, "cores")
     theirs = None if tunix is None else tunix_timed(tunix[0], batch)
     say(kimi_jax=wall, tunix=theirs,
-         digest=hashlib.sha256(repr(out).encode()).hexdigest())
+        digest=hashlib.sha256(repr(out).encode()).hexdigest())
 
 
 def cores_part(batch: int = 64, steps: int = DEFAULT_STEPS,
@@ -84,8 +79,8 @@ def cores_part(batch: int = 64, steps: int = DEFAULT_STEPS,
   core, then the child on all allowed cores."""
   allowed = allowed_cpus("cores")
   call = f"sampler_cores.serve({batch}, {steps}, {model!r}, {with_tunix})"
-  children = {"one": Child({allowed[0]}, "sampler_cores", call),
-              "all": Child(set(allowed), "sampler_cores", call)}
+  children = {"one": Child({allowed[0]}, call),
+              "all": Child(set(allowed), call)}
   try:
     ready = {s: c.read() for s, c in children.items()}
     names = ["kimi_jax"] + (["tunix"] if ready["one"]["tunix"] else [])

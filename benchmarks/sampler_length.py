@@ -34,22 +34,17 @@ import time
 import jax
 import numpy as np
 
-from kimi_jax.model import transformer
 from kimi_jax.sampler.driver import Sampler
 from kimi_jax.sampler.engine import Engine, EngineConfig
 from kimi_jax.sampler.repetition import RepeatConfig
 from kimi_jax.sampler.sampling import SamplingParams
+from sampler_measure import random_params
 from sampler_workloads import NEW_TOKENS, PROMPT_LEN, QWEN_SHAPED, requests
 from timing import no_compiles
 
 RESERVED = (160, 2048, 8192)
 TAIL_MEDIAN, TAIL_SIGMA, TAIL_MAX_RATIO, TAIL_AT_CAP = 64, 1.2, 16, 20
 TAIL_REQUESTS, TAIL_DENSE_SLOTS, TAIL_PAGED_SLOTS, PAGE = 128, 16, 64, 16
-
-
-def _params(cfg):
-  return jax.jit(lambda k: transformer.init_params(cfg, k))(
-      jax.random.key(0))
 
 
 def _timed(sampler: Sampler, params, reqs, label: str):
@@ -83,7 +78,7 @@ def fixed(steps: int, repeats: int = 3) -> dict:
     cfg = dataclasses.replace(QWEN_SHAPED, max_seq_len=S)
     engine = Engine(cfg, EngineConfig(64, S, (PROMPT_LEN,)))
     runs[S] = Sampler(engine, RepeatConfig(), steps_per_call=steps)
-    params[S] = _params(cfg)
+    params[S] = random_params(cfg)
   reqs = requests(QWEN_SHAPED, 64, [NEW_TOKENS] * 64,
                   lambda i: SamplingParams(seed=i), seed=1)
   got = _alternate(runs, params, reqs, repeats)
@@ -135,7 +130,7 @@ def long_tail(steps: int, repeats: int = 3) -> dict:
           TAIL_PAGED_SLOTS, S, (PROMPT_LEN, S), page_size=PAGE,
           kv_pages=pool)),
   }
-  params = _params(cfg)
+  params = random_params(cfg)
   runs = {k: Sampler(e, RepeatConfig(enabled=False), steps_per_call=steps)
           for k, e in engines.items()}
   got = _alternate(runs, {k: params for k in runs}, reqs, repeats)

@@ -25,6 +25,12 @@ from sampler_workloads import CACHE_LEN, NEW_TOKENS, PROMPT_LEN, requests
 from timing import no_compiles
 
 
+def random_params(cfg: ModelConfig):
+  """The benchmarks' weights of `cfg`: random, seed 0."""
+  return jax.jit(lambda k: transformer.init_params(cfg, k))(
+      jax.random.key(0))
+
+
 def timed_generate(sampler: Sampler, params, reqs, label: str):
   """(results, stats, wall seconds) of one whole `generate` call, which must
   not compile."""
@@ -228,8 +234,7 @@ def handoff_timings(cfg: ModelConfig, workdir: str) -> dict:
   mesh_cfg = MeshConfig(data=-1, tensor=2 if n >= 2 else 1)
   sharder = Sharder(make_mesh(mesh_cfg))
   engine = Engine(cfg, EngineConfig(8 * n, CACHE_LEN), sharder=sharder)
-  params = jax.jit(lambda k: transformer.init_params(cfg, k))(
-      jax.random.key(0))
+  params = random_params(cfg)
   on_device0 = jax.device_put(params, jax.devices()[0])
   out = dict(devices=n, mesh=mesh_cfg.resolve(n),
              param_bytes=sum(x.nbytes for x in jax.tree_util.tree_leaves(

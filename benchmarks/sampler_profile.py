@@ -37,7 +37,7 @@ import tempfile
 from collections import defaultdict
 
 from child import Child, allowed_cpus, say
-from sampler_workloads import DEFAULT_STEPS
+from sampler_workloads import DEFAULT_STEPS, MODELS
 
 CLASSES = ("weight matmuls", "attention products", "cache writes",
            "reductions", "view copies", "other")
@@ -132,12 +132,9 @@ def serve(batch: int, steps: int, model: str, trace_dir: str) -> None:
   """A child: warm up, trace one call, say its wall time and steps."""
   import jax  # imported here: the child's XLA_FLAGS are set by then
 
-  from kimi_jax.model import transformer
-  from sampler_cores import MODELS
-  from sampler_measure import prepared, timed_generate
+  from sampler_measure import prepared, random_params, timed_generate
   cfg = MODELS[model]
-  params = jax.jit(lambda k: transformer.init_params(cfg, k))(
-      jax.random.key(0))
+  params = random_params(cfg)
   sampler, reqs, _ = prepared(cfg, params, batch, steps)
   timed_generate(sampler, params, reqs, "profile warm-up")
   with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
@@ -154,8 +151,7 @@ def profile_one(cpus: set[int], batch: int, steps: int, model: str) -> dict:
     env = dict(os.environ, XLA_FLAGS=(
         f"{flags} --xla_dump_to={dump} "
         f"--xla_dump_hlo_module_re=.*generate.*").strip())
-    child = Child(cpus, "sampler_profile",
-                  f"sampler_profile.serve({batch}, {steps}, {model!r}, "
+    child = Child(cpus, f"sampler_profile.serve({batch}, {steps}, {model!r}, "
                   f"{trace!r})", env)
     try:
       answer = child.read()

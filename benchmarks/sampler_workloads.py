@@ -22,6 +22,8 @@ QWEN_SHAPED = ModelConfig(vocab_size=512, d_model=256, n_layers=4, n_heads=8,
 FALLBACK_TINY = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4,
                             n_kv_heads=2, head_dim=16, mlp_dim=256,
                             max_seq_len=CACHE_LEN)
+# The models a child process (benchmarks/child.py) is named by.
+MODELS = {"qwen2-shaped": QWEN_SHAPED, "fallback-tiny": FALLBACK_TINY}
 
 
 def tiny_config() -> tuple[str, ModelConfig]:

@@ -50,7 +50,7 @@ def test_a_tiny_run_pins_each_child_and_both_draw_the_same_tokens():
 
 @two_cpus
 def test_a_child_that_fails_to_start_is_reported():
-  child = Child({ALLOWED[0]}, "sampler_cores",
+  child = Child({ALLOWED[0]},
                 "sampler_cores.serve(4, 16, 'no-such-model', False)")
   with pytest.raises(RuntimeError, match="ended .exit code 1"):
     child.read()
