@@ -85,5 +85,8 @@ def test_a_traced_tiny_run_is_read_back_whole():
   assert per["cache writes"] > 0
   assert sum(per.values()) == pytest.approx(
       report["thread_ms_per_step_total"])
-  assert report["busy_ms_per_step"] <= report["thread_ms_per_step_total"]
+  # Busy time is a union of the same spans summed in another order: at
+  # most the total, up to float rounding.
+  assert report["busy_ms_per_step"] <= (
+      report["thread_ms_per_step_total"] * (1 + 1e-12))
   assert report["programs"] >= 1
