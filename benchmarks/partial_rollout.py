@@ -48,7 +48,16 @@ The modes, P = slots / K groups:
             start queued responses; the loop then trains on the groups
             whose K responses have all finished;
   partial_no_queue: the same without the queue (Q = 0, the shipped
-            configs' setting), for reference.
+            configs' setting), for reference;
+  partial_keep_kv: partial with rl.keep_partial_kv (on with --keep-kv,
+            the default for long_tail): a response the window cuts is
+            continued next iteration in the sampler slot that holds its
+            KV cache, computed under the earlier weights, instead of being
+            prefilled again. It has a sampler of its own over the shared
+            engine (the other modes' calls would free its kept slots).
+            Each mode reports the sampler-trainer gap of the tokens it
+            trains on (`logprob_gap_abs`, `logprob_gap_kl`): what the kept
+            caches cost in sampled log-probs.
 
 Segments: the shipped configs' setting, `rl.train_on_old_segments=True`
 (every response token gets a gradient; `--mask-old-segments` trains only on
@@ -91,7 +100,8 @@ from kimi_jax.rl.loop import RLLoop
 from kimi_jax.rl.loop_state import LoopState
 from kimi_jax.rl.prompt_sampling import PromptSamplingConfig
 from kimi_jax.sampler.config import SamplingSettings
-from kimi_jax.sampler.driver import SampleRequest, Sampler, SamplerStats
+from kimi_jax.sampler.driver import (SampleRequest, Sampler, SamplerStats,
+                                     continuation)
 from kimi_jax.sampler.engine import Engine, EngineConfig
 from kimi_jax.sampler.repetition import RepeatConfig
 from kimi_jax.sampler.sampling import SamplingParams
@@ -106,16 +116,19 @@ _SUMS = ("iteration_s", "rollout_s", "train_s", "score_s", "groups_trained",
          "generated_tokens", "requests", "queued_unstarted", "minibatches",
          "generate_calls", "continued_requests", "continued_prefill_tokens",
          "engine_decode_s", "engine_prefill_s", "engine_insert_s",
-         "prefill_calls")
+         "prefill_calls", "resumed_in_slot", "logprob_gap_abs_sum",
+         "logprob_gap_kl_sum", "logprob_gap_tokens")
+MODES = ("full", "partial", "partial_no_queue", "partial_keep_kv")
 # Per-workload defaults of the flags left unset (None).
 WORKLOADS = {
     "default": dict(model="tiny", slots=64, group_size=4, median_len=16,
                     prompt_len=8, iterations=20, step_costs=False,
-                    engine_timing=False, prefill_batch_buckets=None),
+                    engine_timing=False, prefill_batch_buckets=None,
+                    keep_kv=False),
     "long_tail": dict(model="qwen_shaped", slots=64, group_size=8,
                       median_len=16, sigma=1.5, max_len=240, prompt_len=16,
                       iterations=8, step_costs=True, engine_timing=True,
-                      prefill_batch_buckets=(1, 2, 4, 8)),
+                      prefill_batch_buckets=(1, 2, 4, 8), keep_kv=True),
 }
 # docs/speed.md's Qwen2-shaped sizes (benchmarks/sampler_workloads.py).
 QWEN_SHAPED = dict(vocab_size=512, d_model=256, n_layers=4, n_heads=8,
@@ -194,7 +207,7 @@ def length_summary(task: Task, max_len: int) -> dict[str, float]:
 
 
 class RecordingSampler:
-  """The shared `Sampler`, keeping each `generate` call's `SamplerStats`
+  """A mode's `Sampler`, keeping each `generate` call's `SamplerStats`
   and what its continued requests prefilled again (prompt + earlier
   segments), which the loop's row leaves out."""
 
@@ -208,9 +221,13 @@ class RecordingSampler:
 
   def generate(self, params, requests: Sequence[SampleRequest], **kwargs):
     results, stats = self._sampler.generate(params, requests, **kwargs)
-    again = [len(q.prompt) + len(q.prefix) for q, r in zip(requests, results)
-             if r is not None and q.prefix]
-    self.last, self.continued = stats, (len(again), sum(again))
+    started = [q for q, r in zip(requests, results) if r is not None]
+    # What the call prefilled beyond new prompts: continued requests
+    # not resumed in a kept slot, with their prompts and earlier segments.
+    again = stats.prefill_tokens - sum(len(q.prompt) for q in started
+                                       if not q.prefix)
+    n_continued = sum(bool(q.prefix) for q in started) - stats.resumed
+    self.last, self.continued = stats, (n_continued, again)
     return results, stats
 
 
@@ -273,6 +290,9 @@ def build(args: argparse.Namespace):
              queued_min_tokens=args.queued_min_tokens or max(1, budget // 4))}
   if queued:
     rls["partial_no_queue"] = partial
+  if args.keep_kv:
+    rls["partial_keep_kv"] = dataclasses.replace(rls["partial"],
+                                                 keep_partial_kv=True)
   learner = Learner(model, base, sharder, cache_len=cache_len)
   return model, sharder, engine, sampler, learner, task, task_cfg, rls
 
@@ -296,6 +316,12 @@ def compile_pass(engine: Engine, sampler: Sampler, learner: Learner,
         ("warm", view), (1,) * task_cfg.prompt_len, prefix=(1,) * n,
         max_new_tokens=n + 2, sampling=SamplingParams(seed=view))])
     below = view
+  # A response continued in its kept slot (partial_keep_kv).
+  cut = SampleRequest("warm_keep", (1,) * task_cfg.prompt_len,
+                      max_new_tokens=4, budget=1,
+                      sampling=SamplingParams(seed=1))
+  first, _ = sampler.generate(params, [cut], keep_cut_kv=True)
+  sampler.generate(params, [continuation(cut, first[0], budget=1)])
   rl = learner.rl
   P, K = rl.minibatch_prompts, rl.samples_per_prompt
   shortest = task_cfg.prompt_len + task_cfg.short_range[0] - 1
@@ -322,7 +348,8 @@ class EngineTimer:
 
   # `traced_generate` is the decode call (`generate` goes through it).
   KINDS = {"traced_generate": "decode", "prefill_batch": "prefill",
-           "insert_batch": "insert", "free_slots": "insert"}
+           "insert_batch": "insert", "free_slots": "insert",
+           "set_sampling": "insert"}
 
   def __init__(self, engine: Engine, enabled: bool = True):
     self.enabled = enabled
@@ -410,7 +437,8 @@ _PER_ITERATION = ("iteration_s", "rollout_s", "train_s", "score_s",
                   "continued_prefill_tokens", "requests",
                   "continued_requests", "generated_tokens", "minibatches",
                   "engine_decode_s", "engine_prefill_s", "engine_insert_s",
-                  "prefill_calls")
+                  "prefill_calls", "resumed_in_slot", "logprob_gap_abs",
+                  "logprob_gap_kl")
 
 
 @dataclasses.dataclass
@@ -435,6 +463,7 @@ class Mode:
     row.update(generate_calls=stats.generate_calls if stats else 0,
                continued_requests=self.sampler.continued[0],
                continued_prefill_tokens=self.sampler.continued[1],
+               **_gap_sums(row),
                **(self.timer.take() if self.timer else {}))
     return row
 
@@ -443,6 +472,17 @@ class Mode:
       self.totals[k] = self.totals.get(k, 0) + row.get(k, 0)
     self.totals["iterations"] = self.totals.get("iterations", 0) + 1
     self.rows.append({k: row.get(k, 0) for k in _PER_ITERATION})
+
+
+def _gap_sums(row: dict[str, Any]) -> dict[str, float]:
+  """The iteration's sampler-trainer gap as sums over its measured tokens
+  (means weighted by tokens when added up over iterations)."""
+  n = row.get("logprob_gap_tokens") or 0
+  if not n or row.get("logprob_gap_abs") is None:
+    return {"logprob_gap_tokens": 0}
+  return {"logprob_gap_tokens": n,
+          "logprob_gap_abs_sum": row["logprob_gap_abs"] * n,
+          "logprob_gap_kl_sum": row["logprob_gap_kl"] * n}
 
 
 def breakdown(t: dict[str, float], engine_timing: bool) -> dict[str, float]:
@@ -520,6 +560,13 @@ def summarise(mode: Mode, slots: int) -> dict[str, Any]:
       "in_flight_groups_at_end": len(buffer),
       # Responses cut short by max_wait_iterations (should be 0 here).
       "budget_exhausted": buffer.stats["budget_exhausted"],
+      "resumed_in_slot": int(t["resumed_in_slot"]),
+      # Mean over the tokens measured in every timed iteration.
+      "logprob_gap_abs": t["logprob_gap_abs_sum"] / max(
+          t["logprob_gap_tokens"], 1),
+      "logprob_gap_kl": t["logprob_gap_kl_sum"] / max(
+          t["logprob_gap_tokens"], 1),
+      "logprob_gap_tokens": int(t["logprob_gap_tokens"]),
       "breakdown": breakdown(t, mode.timer is not None),
       "per_iteration": mode.rows,
   }
@@ -566,7 +613,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
   timer.enabled = args.engine_timing
   modes = []
   for name, rl in rls.items():
-    recorder = RecordingSampler(sampler)
+    recorder = RecordingSampler(
+        Sampler(engine, sampler.repeat, steps_per_call=sampler.steps_per_call)
+        if rl.keep_partial_kv else sampler)
     loop = RLLoop(rl=rl, seed=args.seed, settings=SamplingSettings(),
                   task=task, sampler=recorder, learner=learner)
     state = LoopState.initial(
@@ -613,6 +662,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           partial, "trained_tokens_per_train_s"),
       **({"partial_no_queue_vs_full_speedup": speedup(
           rows["partial_no_queue"])} if "partial_no_queue" in rows else {}),
+      **({"partial_keep_kv_vs_full_speedup": speedup(
+          rows["partial_keep_kv"])} if "partial_keep_kv" in rows else {}),
       **rows,
       "decode_step_ms": steps,
       "lengths": length_summary(task, task_cfg.max_len),
@@ -638,6 +689,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           "train_len_buckets": learner.len_buckets,
           "prefill_batch_buckets": engine.engine_cfg.batch_buckets,
           "steps_per_call": args.steps_per_call, "seed": args.seed,
+          "keep_kv": args.keep_kv,
           "iterations": args.iterations,
           "model": dataclasses.asdict(model)},
       "device": f"{jax.devices()[0].platform} ({jax.devices()[0]})",
@@ -677,10 +729,10 @@ def print_table(r: dict[str, Any]) -> None:
   cols = ("groups_trained", "trained_tokens", "rollout_s", "train_s",
           "wall_s", "decode_steps", "generate_calls", "prefill_tokens",
           "continued_prefill_tokens", "slot_utilisation", "groups_per_s",
-          "trained_tokens_per_s")
+          "trained_tokens_per_s", "logprob_gap_abs")
   print("| mode | " + " | ".join(cols) + " |")
   print("|---" * (len(cols) + 1) + "|")
-  for name in ("full", "partial", "partial_no_queue"):
+  for name in MODES:
     if name not in r:
       continue
     row = r[name]
@@ -694,7 +746,7 @@ def print_table(r: dict[str, Any]) -> None:
           "trained_tokens")
   print("\nper iteration | " + " | ".join(keys) + " |")
   print("|---" * (len(keys) + 1) + "|")
-  for name in ("full", "partial", "partial_no_queue"):
+  for name in MODES:
     if name in r:
       b = r[name]["breakdown"]
       print(f"| {name} | " + " | ".join(
@@ -707,7 +759,10 @@ def print_table(r: dict[str, Any]) -> None:
         f"alone {r['partial_vs_full_train_phase_speedup']:.2f}x)"
         + (f"; without the queue "
            f"{r['partial_no_queue_vs_full_speedup']:.2f}x"
-           if "partial_no_queue_vs_full_speedup" in r else "") +
+           if "partial_no_queue_vs_full_speedup" in r else "")
+        + (f"; keeping cut responses' KV caches "
+           f"{r['partial_keep_kv_vs_full_speedup']:.2f}x"
+           if "partial_keep_kv_vs_full_speedup" in r else "") +
         f"\ncompile {r['compile_s']:.1f}s, recompiles while timed: "
         f"{r['recompiles_during_timed_run']}; load average "
         f"{r['loadavg_before'][0]:.2f} -> {r['loadavg_after'][0]:.2f}")
@@ -760,6 +815,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="rl.queued_min_tokens: queued responses start only "
                       "while this many window tokens remain (default: "
                       "budget / 4)")
+  parser.add_argument("--keep-kv", action=argparse.BooleanOptionalAction,
+                      help="also run partial_keep_kv: partial rollouts with "
+                      "rl.keep_partial_kv (default: on for long_tail)")
   parser.add_argument("--group-size", type=int,
                       help="K responses per prompt (default: 4, long_tail 8)")
   parser.add_argument("--minibatch-prompts", type=int, default=4,

@@ -234,6 +234,10 @@ def _rl_section(seq_len: int, *, prompts_per_iteration: int,
       # samples_per_prompt <= sampler.max_slots. 0: off.
       queued_prompts=0,
       queued_min_tokens=1,
+      # Continue a cut response in the sampler slot that holds its KV cache
+      # (earlier weights' keys and values) instead of prefilling it again
+      # (docs/rl.md); off.
+      keep_partial_kv=False,
       # Train on every segment of a partial rollout, not only the newest:
       # in the tiny study (docs/loop.md, "Which tokens are trained on") the
       # first segment holds the choice between reasoning and a direct

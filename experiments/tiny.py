@@ -220,6 +220,10 @@ def rl_config() -> ml_collections.ConfigDict:
       # samples_per_prompt <= sampler.max_slots. 0: off.
       queued_prompts=0,
       queued_min_tokens=1,
+      # Continue a cut response in the sampler slot that holds its KV cache
+      # (earlier weights' keys and values) instead of prefilling it again
+      # (docs/rl.md); off.
+      keep_partial_kv=False,
       # Long chains span three iterations and the first token decides
       # between reasoning and a direct answer: train on every segment
       # (see docs/loop.md).

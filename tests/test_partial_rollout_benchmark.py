@@ -67,8 +67,8 @@ def test_a_tiny_long_tail_run_reports_figures_that_add_up(tmp_path):
   assert set(steps["by_engine_slots"]) == set(steps["by_busy_slots"]) == {
       "8"}
   assert steps["by_engine_slots"]["8"] > 0
-  modes = [m for m in ("full", "partial", "partial_no_queue") if m in r]
-  assert modes == ["full", "partial", "partial_no_queue"]
+  modes = [m for m in pr.MODES if m in r]
+  assert modes == ["full", "partial", "partial_no_queue", "partial_keep_kv"]
   K = r["settings"]["group_size"]
   for name in modes:
     row, its = r[name], r[name]["per_iteration"]
@@ -102,6 +102,20 @@ def test_a_tiny_long_tail_run_reports_figures_that_add_up(tmp_path):
   assert r["partial"]["continued_requests"] > 0
   assert r["partial"]["continued_prefill_tokens"] >= (
       r["partial"]["continued_requests"] * (4 + 1))
+  # Keeping the cut responses' caches, they continue with no prefill: the
+  # same windows (the same cuts), so the same requests continue, in place.
+  keep = r["partial_keep_kv"]
+  assert keep["resumed_in_slot"] > 0
+  assert keep["continued_requests"] == keep["continued_prefill_tokens"] == 0
+  assert sum(it["resumed_in_slot"] for it in keep["per_iteration"]) == (
+      keep["resumed_in_slot"])
+  assert r["partial"]["resumed_in_slot"] == 0
+  # The gap is measured on the trained tokens of every mode.
+  for name in modes:
+    assert r[name]["logprob_gap_tokens"] > 0
+    assert 0 <= r[name]["logprob_gap_abs"] < 10
+  assert r["partial_keep_kv_vs_full_speedup"] == pytest.approx(
+      keep["trained_tokens_per_s"] / r["full"]["trained_tokens_per_s"])
   assert r["partial_vs_full_speedup"] == pytest.approx(
       r["partial"]["trained_tokens_per_s"]
       / r["full"]["trained_tokens_per_s"])

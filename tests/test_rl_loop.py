@@ -37,6 +37,7 @@ def micro(**overrides):
     ("prompt_sampling.curriculum", "sideways", "curriculum"),
     # tiny trains on old segments, whose sampler log-probs are stale.
     ("rl.reference_logprobs", "sampler", "config.rl.reference_logprobs"),
+    ("rl.keep_partial_kv", "yes", "config.rl.keep_partial_kv"),
 ])
 def test_bad_config_is_rejected_naming_the_key(key, value, needle):
   with pytest.raises((ConfigError, ValueError), match=needle.replace(".", r"\.")):
@@ -80,6 +81,27 @@ def test_micro_run_with_a_queue_keeps_every_group(tmp_path):
     assert t["waited"] <= cfg.rl.max_wait_iterations
     for start, end, _ in t["segments"]:
       assert 1 <= end - start <= cfg.rl.token_budget
+
+
+@pytest.mark.slow
+def test_micro_run_keeping_partial_kv_continues_in_place(tmp_path):
+  """With rl.keep_partial_kv every response the budget cut is continued
+  next iteration in the slot that holds its cache: no prefill for it."""
+  cfg = micro(**{"rl.keep_partial_kv": True,
+                 "checkpoint.every_iterations": 3})
+  job_lib.train_and_evaluate(cfg, str(tmp_path))
+  rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  rl_rows = [r for r in rows if r["stage"] == "rl"]
+  assert rl_rows[0]["resumed_in_slot"] == 0
+  for before, row in zip(rl_rows, rl_rows[1:]):
+    cut = round(before["frac_budget_stopped"] * before["requests"])
+    assert cut > 0 and row["resumed_in_slot"] == cut
+    # Only the new groups' prompts are prefilled.
+    assert row["prefill_tokens"] <= (row["requests"] - cut) * (
+        cfg.rl.max_response_len + 64)
+    assert np.isfinite(row["logprob_gap_abs"])
+  assert_consumed_once(ckpt_lib.Checkpointer(
+      str(tmp_path / "checkpoints")).restore_host()["loop"], rl_rows)
 
 
 def test_rest_counts_only_the_groups_it_trains(tmp_path):

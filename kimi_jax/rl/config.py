@@ -46,6 +46,13 @@ class RLConfig(AdamWConfig):
   # request runs its whole budget.
   queued_prompts: int = 0
   queued_min_tokens: int = 1
+  # Keep each budget-cut response's KV cache in its sampler slot across the
+  # weight update and continue it there next iteration, instead of
+  # prefilling its prompt and earlier segments again. Its keys and values
+  # stay those of the earlier weights, so the sampled log-probs of the
+  # continued tokens move away from the trainer's (see docs/rl.md). Off:
+  # every continued response is prefilled under the current weights.
+  keep_partial_kv: bool = False
   train_on_old_segments: bool = False
   # log pi_theta_i(y|x) for the penalty: "recompute" runs a forward pass
   # before the updates; "sampler" sums the sampler's log-probs of the same
@@ -108,6 +115,13 @@ class RLConfig(AdamWConfig):
       bad("reference_logprobs", "'sampler' needs train_on_old_segments="
           "False: tokens of earlier segments were sampled by older policies, "
           "so their sampler log-probs are not log pi_theta_i")
+    if not isinstance(self.keep_partial_kv, bool):
+      bad("keep_partial_kv", f"must be true or false, got "
+          f"{self.keep_partial_kv!r}")
+    if self.keep_partial_kv and self.reference_logprobs != "recompute":
+      bad("keep_partial_kv", "needs rl.reference_logprobs='recompute': a "
+          "continued segment's sampler log-probs read keys and values of "
+          "the earlier weights, so they are not log pi_theta_i")
     if self.tis_cap is not None:
       if (isinstance(self.tis_cap, bool)
           or not isinstance(self.tis_cap, (int, float))):

@@ -242,7 +242,8 @@ class RLLoop:
         images=[self.prompt_images(t.prompt_index) for t in pending])
     t0 = time.perf_counter()
     results, sampler_stats = self.sampler.generate(
-        sampler_params, requests, **rollout.window_args(rl))
+        sampler_params, requests, keep_cut_kv=rl.keep_partial_kv,
+        **rollout.window_args(rl))
     rollout_s = time.perf_counter() - t0
     counts = rollout.record_results(buffer, results, version=it)
     started = [r for r in results if r is not None]
@@ -256,6 +257,7 @@ class RLLoop:
         "slot_utilisation": sampler_stats.slot_utilisation,
         "decode_steps": sampler_stats.decode_steps,
         "prefill_tokens": sampler_stats.prefill_tokens,
+        "resumed_in_slot": sampler_stats.resumed,
         "repeat_stops": counts["repeat"],
     }
     return buffer.complete_groups(), stats

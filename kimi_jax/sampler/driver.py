@@ -28,6 +28,17 @@ requests outgrow the pool the most recently admitted one is preempted: its
 slot and pages are freed and it goes back to the front of the queue with
 what it generated as a continued prefix (its sampling keys are per token
 index, so it resumes where it stopped). Its result joins both parts.
+
+`generate(..., keep_cut_kv=True)` keeps the slots of requests the budget
+cut (once no other request can start in that call) with their caches, so
+that the next `generate` call continues each of them in place when it is
+given the request's `continuation` (same id, prompt, and prefix ending with
+the cut tokens): no prefill, only the new sampling settings. The next call
+frees every kept slot no request of it continues. If the weights changed in
+between (a partial rollout across an RL update), the kept keys and values
+are those of the earlier weights, so the continued tokens' log-probs are
+not what a prefill under the new weights would give; the option is off by
+default.
 """
 
 from __future__ import annotations
@@ -189,6 +200,7 @@ class SamplerStats:
   wall_seconds: float
   preemptions: int = 0
   peak_pages: int = 0
+  resumed: int = 0  # requests continued in their kept slot (no prefill)
 
   @property
   def tokens_per_second(self) -> float:
@@ -339,9 +351,13 @@ class Sampler:
     self.engine = engine
     self.repeat = repeat
     self.steps_per_call = steps_per_call
-    # The decode state of the last call, every slot free: the next call
-    # reuses its buffers instead of allocating and zeroing a cache again.
+    # The decode state of the last call, every slot free but those in
+    # `_kept`: the next call reuses its buffers instead of allocating and
+    # zeroing a cache again.
     self._state: DecodeState | None = None
+    # Budget-cut requests kept in their slots (`keep_cut_kv`): the key of
+    # the request that continues each (`_kept_key`) -> its slot.
+    self._kept: dict[tuple, int] = {}
 
   def _take_state(self) -> DecodeState:
     state, self._state = self._state, None
@@ -352,8 +368,10 @@ class Sampler:
     return state
 
   def release(self) -> None:
-    """Drops the decode state kept between calls (its cache memory)."""
+    """Drops the decode state kept between calls (its cache memory) and
+    with it the kept slots."""
     self._state = None
+    self._kept = {}
 
   def validate(self, requests: Sequence[SampleRequest]) -> None:
     problems = [(r.id, f, m) for r in requests
@@ -363,7 +381,7 @@ class Sampler:
 
   def generate(self, params, requests: Sequence[SampleRequest], *,
                progress: bool = False, window: int | None = None,
-               min_admit: int = 1
+               min_admit: int = 1, keep_cut_kv: bool = False
                ) -> tuple[list[SampleResult | None], SamplerStats]:
     """Results in the order of `requests`, and the call's statistics.
 
@@ -377,10 +395,18 @@ class Sampler:
     fewer than `min_admit` tokens of the window remain no request is started
     (a sliver of a segment would cost a prefill and a carry-over); requests
     never started get None. Without a window every request runs to its end.
+
+    keep_cut_kv: keep the slots of requests the budget cuts once no other
+    request can start in this call, for the next call to continue them in
+    place (see the module doc). Requests that continue a slot kept by the
+    previous call resume there whatever this flag says.
     """
     self.validate(requests)
     _check_window(window, min_admit)
     engine = self.engine
+    if keep_cut_kv and engine.expert_record is not None:
+      raise ValueError("keep_cut_kv cannot keep a slot's routing record "
+                       "(routing replay needs the prefill's experts)")
     start = time.perf_counter()
     # What each request runs as now: the request itself, or after a
     # preemption its continuation; `carried` holds the preempted parts.
@@ -392,6 +418,10 @@ class Sampler:
     results: list[SampleResult | None] = [None] * len(requests)
     pending = collections.deque(range(len(requests)))
     state = self._take_state() if requests else None
+    resumed = 0
+    if state is not None:
+      state, resumed = self._resume_kept(requests, pending, slots, state,
+                                         window)
     decode_params = engine.decode_params(params) if requests else None
     steps = calls = kept = prefill_tokens = preemptions = admissions = 0
     last_report = start
@@ -420,12 +450,19 @@ class Sampler:
       state, tokens_NxB, logprobs_NxB, experts, firsts, rows = \
           self._decode_call(decode_params, state, slots, late, watch_steps)
       calls += 1
+      cut: dict[int, tuple] = {}
       done_B, n_steps, n_kept = self._harvest(
           late, firsts, tokens_NxB, logprobs_NxB, rows, requests, slots,
-          results, experts)
+          results, experts, cut)
       late = []
       steps += n_steps
       kept += n_kept
+      if keep_cut_kv and (not pending or (window is not None and
+                                          window - steps < min_admit)):
+        # No request can take these slots any more in this call.
+        for slot, key in cut.items():
+          self._kept[key] = slot
+          done_B[slot] = False
       if done_B.any():
         state = engine.free_slots(state, done_B)
       if progress and time.perf_counter() - last_report > 5:
@@ -448,12 +485,54 @@ class Sampler:
         slot_utilisation=decode_kept / max(steps * len(slots.request), 1),
         wall_seconds=wall, preemptions=preemptions,
         peak_pages=0 if state is None or state.host.pages is None else
-        state.host.pages.peak)
+        state.host.pages.peak, resumed=resumed)
     if progress:
       print(f"sampler: {len(requests)} requests, {kept} tokens in "
             f"{wall:.2f}s ({stats.tokens_per_second:.0f} tok/s)",
             file=sys.stderr)
     return results, stats
+
+  def _resume_kept(self, requests: Sequence[SampleRequest],
+                   pending: collections.deque, slots: _Slots,
+                   state: DecodeState, budget_cap: int | None
+                   ) -> tuple[DecodeState, int]:
+    """Continues each pending request whose slot the last call kept there
+    (taking it out of `pending`) and frees the kept slots no request
+    continues. Returns (state, requests continued)."""
+    kept, self._kept = self._kept, {}
+    if not kept:
+      return state, 0
+    claims = {}
+    for i in pending:
+      slot = kept.pop(_kept_key(requests[i]), None)
+      if slot is not None:
+        claims[i] = slot
+    if kept:
+      state = self._free(state, kept.values())
+    if not claims:
+      return state, 0
+    rest = [i for i in pending if i not in claims]
+    pending.clear()
+    pending.extend(rest)
+    for i, slot in claims.items():
+      slots.admit(slot, i, requests[i], budget_cap)
+    state = self.engine.set_sampling(
+        state, list(claims.values()), [requests[i].sampling for i in claims])
+    return state, len(claims)
+
+  def _free(self, state: DecodeState, slots_to_free) -> DecodeState:
+    mask_B = np.zeros((self.engine.max_concurrent_decodes,), bool)
+    mask_B[list(slots_to_free)] = True
+    return self.engine.free_slots(state, mask_B)
+
+  def _drop_kept(self, state: DecodeState, only=None) -> DecodeState:
+    """Frees the kept slots (those among `only`, when given)."""
+    drop = {k: b for k, b in self._kept.items() if only is None or b in only}
+    if not drop:
+      return state
+    for k in drop:
+      del self._kept[k]
+    return self._free(state, drop.values())
 
   def _admit_free_slots(self, params, requests: Sequence[SampleRequest],
                         pending: collections.deque, slots: _Slots,
@@ -494,6 +573,9 @@ class Sampler:
       short = engine.pages_for_call(state, steps_B) > pages.free_per_shard()
       if not short.any():
         return state, n_out
+      if self._kept:  # kept slots give their pages back before any preemption
+        state = self._drop_kept(state)
+        continue
       # A preempted request resumes by a prefill of all it holds.
       fits = (slots.n_prefix + slots.n_new + self._prompt_lens(
           slots, requests) <= engine.max_prefill_len)
@@ -573,17 +655,20 @@ class Sampler:
   def _harvest(self, late: list[_Late], firsts: list,
                tokens_NxB: np.ndarray, logprobs_NxB: np.ndarray, rows: int,
                requests: Sequence[SampleRequest], slots: _Slots,
-               results: list, experts_NxBxLxK: np.ndarray | None = None
+               results: list, experts_NxBxLxK: np.ndarray | None = None,
+               cut: dict[int, tuple] | None = None
                ) -> tuple[np.ndarray, int, int]:
     """Appends one call's output to the slots (the `late` groups' first
-    tokens, then `rows` decode steps) and finishes the requests it ends.
+    tokens, then `rows` decode steps) and finishes the requests it ends;
+    `cut` gets the slot of each request the budget ended, with the key of
+    its continuation.
 
     Returns (which slots finished, decode steps taken, tokens kept).
     """
     done_B = np.zeros((len(slots.request),), bool)
     for x, first in zip(late, firsts):
       done_B[x.slots] = self._first_tokens(x.slots, *first, requests, slots,
-                                           results)
+                                           results, cut)
     steps = kept = 0
     for n in range(rows):
       live = np.flatnonzero((slots.request >= 0) & (tokens_NxB[n] >= 0))
@@ -595,9 +680,7 @@ class Sampler:
           live, tokens_NxB[n, live], logprobs_NxB[n, live], self.repeat,
           None if experts_NxBxLxK is None else experts_NxBxLxK[n, live])
       for slot, code in zip(live[codes > 0], codes[codes > 0]):
-        i = slots.request[slot]
-        results[i] = slots.result(slot, requests[i], code)
-        slots.request[slot] = -1
+        _finish(slot, code, requests, slots, results, cut)
         done_B[slot] = True
     return done_B, steps, kept
 
@@ -625,6 +708,7 @@ class Sampler:
                             min(int((slots.request < 0).sum()), len(pending)))
     if not len(free):
       return state, 0, 0, []
+    state = self._drop_kept(state, only=set(int(b) for b in free))
     taken = [pending.popleft() for _ in range(len(free))]
     seqs = [requests[i].prompt + requests[i].prefix for i in taken]
     groups = admission_groups([len(q) for q in seqs], engine.bucket_for,
@@ -710,20 +794,39 @@ class Sampler:
   def _first_tokens(self, slots_g: np.ndarray, token_N: np.ndarray,
                     logprob_N: np.ndarray, experts_N: np.ndarray | None,
                     requests: Sequence[SampleRequest], slots: _Slots,
-                    results: list) -> np.ndarray:
+                    results: list, cut: dict[int, tuple] | None = None
+                    ) -> np.ndarray:
     """Appends a prefill group's first tokens to its slots (and its
-    experts, when recorded) and finishes the requests they end; returns
-    which of `slots_g` finished."""
+    experts, when recorded) and finishes the requests they end (`cut` as
+    in `_harvest`); returns which of `slots_g` finished."""
     n = len(slots_g)
     slots.first_pending[slots_g] = False
     if experts_N is not None:
       slots.set_prefill_experts(slots_g, experts_N)
     codes = slots.append(slots_g, token_N[:n], logprob_N[:n], self.repeat)
     for slot, code in zip(slots_g[codes > 0], codes[codes > 0]):
-      i = slots.request[slot]
-      results[i] = slots.result(slot, requests[i], code)
-      slots.request[slot] = -1
+      _finish(slot, code, requests, slots, results, cut)
     return codes > 0
+
+
+def _finish(slot: int, code: int, requests: Sequence[SampleRequest],
+            slots: _Slots, results: list, cut: dict[int, tuple] | None
+            ) -> None:
+  """Ends slot's request with this finish code: its result, its slot
+  free on the host (the caller frees it on the device or keeps it)."""
+  i = slots.request[slot]
+  results[i] = slots.result(slot, requests[i], code)
+  if cut is not None and code == _BUDGET:
+    req = requests[i]
+    cut[int(slot)] = _kept_key(dataclasses.replace(
+        req, prefix=req.prefix + results[i].tokens))
+  slots.request[slot] = -1
+
+
+def _kept_key(request: SampleRequest) -> tuple:
+  """What a kept slot is matched on: the request that continues it has
+  this id and prompt, and its prefix is all the slot generated."""
+  return (request.id, request.prompt, request.prefix)
 
 
 def _join_carried(results: list[SampleResult | None], carried: dict,

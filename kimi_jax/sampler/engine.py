@@ -341,6 +341,9 @@ class Engine:
                                      out_shardings=self._state_shardings)
     self._free_slots_jit = jax.jit(self._free_slots_fn, donate_argnums=(0,),
                                    out_shardings=self._state_shardings)
+    self._set_sampling_jit = jax.jit(self._set_sampling_fn,
+                                     donate_argnums=(0,),
+                                     out_shardings=self._state_shardings)
 
   # ---- configuration -------------------------------------------------------
 
@@ -767,6 +770,27 @@ class Engine:
     self._book(state).clear(mask_B)
     return self._call(self._free_slots_jit, state, self._put(mask_B))
 
+  def set_sampling(self, state: DecodeState, slots: Sequence[int],
+                   samplings: Sequence[SamplingParams]) -> DecodeState:
+    """Gives the sequences in `slots` new sampling settings (a request
+    continued in the slot it was cut in: its cache, length, last token and
+    token index stay), in one call."""
+    B = self.max_concurrent_decodes
+    if len(slots) != len(samplings):
+      raise ValueError(f"set_sampling: {len(slots)} slots, "
+                       f"{len(samplings)} sampling settings")
+    book = self._book(state)
+    for s in slots:
+      self._check_slot(s)
+      if not book.active[s]:
+        raise ValueError(f"set_sampling: slot {s} holds no sequence")
+    slots_B = np.full((B,), B, np.int32)  # B: out of range, dropped
+    slots_B[:len(slots)] = slots
+    for s, p in zip(slots, samplings):
+      book.ranked[s] = p.draws_by_rank
+    return self._call(self._set_sampling_jit, state, *self._put(
+        (slots_B, stacked_slot_sampling(samplings, B))))
+
   def aot_functions(self, n_steps: int, repeat_rule: tuple[int, int] = (0, 0)
                     ) -> dict[str, tuple[Any, tuple]]:
     """The engine's jitted functions at their largest shapes, with abstract
@@ -1115,6 +1139,13 @@ class Engine:
     if self.sharder is None:
       return tree
     return jax.lax.with_sharding_constraint(tree, self.sharder.replicated())
+
+  def _set_sampling_fn(self, state: DecodeState, slots_B,
+                       sampling_B: SlotSampling) -> DecodeState:
+    self._traces["set_sampling"] += 1
+    put = lambda cur, new: cur.at[slots_B].set(new, mode="drop")
+    return state._replace(sampling=jax.tree_util.tree_map(
+        put, state.sampling, sampling_B))
 
   def _free_slots_fn(self, state: DecodeState, mask_B) -> DecodeState:
     self._traces["free_slots"] += 1
