@@ -643,6 +643,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
   def speedup(row: dict, key: str = "trained_tokens_per_s") -> float:
     return row[key] / max(full[key], 1e-9)
 
+  for row in rows.values():  # each mode against full rollouts
+    row["vs_full"] = {
+        "trained_tokens_per_s": speedup(row),
+        "groups_per_s": speedup(row, "groups_per_s"),
+        "rollout_phase": speedup(row, "trained_tokens_per_rollout_s"),
+        "train_phase": speedup(row, "trained_tokens_per_train_s")}
   partial = rows["partial"]
   long_tail = args.workload == "long_tail"
   return {

@@ -114,6 +114,10 @@ def test_a_tiny_long_tail_run_reports_figures_that_add_up(tmp_path):
   for name in modes:
     assert r[name]["logprob_gap_tokens"] > 0
     assert 0 <= r[name]["logprob_gap_abs"] < 10
+  assert keep["vs_full"]["groups_per_s"] == pytest.approx(
+      keep["groups_per_s"] / r["full"]["groups_per_s"])
+  assert r["partial"]["vs_full"]["rollout_phase"] == pytest.approx(
+      r["partial_vs_full_rollout_phase_speedup"])
   assert r["partial_keep_kv_vs_full_speedup"] == pytest.approx(
       keep["trained_tokens_per_s"] / r["full"]["trained_tokens_per_s"])
   assert r["partial_vs_full_speedup"] == pytest.approx(

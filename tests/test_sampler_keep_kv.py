@@ -184,3 +184,17 @@ def test_keep_cut_kv_refuses_routing_replay():
   with pytest.raises(ValueError, match="keep_cut_kv"):
     Sampler(engine).generate(None, [SampleRequest(
         "a", (1, 2), max_new_tokens=3)], keep_cut_kv=True)
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    ({"reference_logprobs": "sampler", "train_on_old_segments": False},
+     "reference_logprobs='recompute'"),
+    ({"routing_replay": True}, "routing_replay"),
+    ({"keep_partial_kv": 1}, "true or false"),
+])
+def test_rl_keep_partial_kv_checks_name_the_key(overrides, needle):
+  from kimi_jax.rl.config import RLConfig
+  with pytest.raises(ValueError, match=r"config\.rl\.keep_partial_kv") as e:
+    RLConfig(iterations=1, prompts_per_iteration=8, samples_per_prompt=2,
+             **{"keep_partial_kv": True, **overrides})
+  assert needle in str(e.value)

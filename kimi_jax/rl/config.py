@@ -122,6 +122,9 @@ class RLConfig(AdamWConfig):
       bad("keep_partial_kv", "needs rl.reference_logprobs='recompute': a "
           "continued segment's sampler log-probs read keys and values of "
           "the earlier weights, so they are not log pi_theta_i")
+    if self.keep_partial_kv and self.routing_replay:
+      bad("keep_partial_kv", "does not combine with rl.routing_replay: a "
+          "kept slot has no prefill to record its context's experts")
     if self.tis_cap is not None:
       if (isinstance(self.tis_cap, bool)
           or not isinstance(self.tis_cap, (int, float))):
