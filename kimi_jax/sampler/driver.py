@@ -450,15 +450,15 @@ class Sampler:
       state, tokens_NxB, logprobs_NxB, experts, firsts, rows = \
           self._decode_call(decode_params, state, slots, late, watch_steps)
       calls += 1
-      cut: dict[int, tuple] = {}
+      cut: dict[int, tuple] | None = {} if keep_cut_kv else None
       done_B, n_steps, n_kept = self._harvest(
           late, firsts, tokens_NxB, logprobs_NxB, rows, requests, slots,
           results, experts, cut)
       late = []
       steps += n_steps
       kept += n_kept
-      if keep_cut_kv and (not pending or (window is not None and
-                                          window - steps < min_admit)):
+      if cut and (not pending or (window is not None and
+                                  window - steps < min_admit)):
         # No request can take these slots any more in this call.
         for slot, key in cut.items():
           self._kept[key] = slot
