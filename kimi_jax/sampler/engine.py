@@ -14,6 +14,8 @@ of per request); the single-request methods are those with one row:
   prefill_batch(params, seqs, samplings, first_indices) -> Prefix (leading N)
   insert_batch(prefix, state, slots)   -> DecodeState (row i now in slots[i])
   free_slots(state, mask_B)            -> DecodeState (masked slots free)
+  set_sampling(state, slots, samplings) -> DecodeState (new settings for
+                                          sequences already in `slots`)
 
 Every call is one jitted function. The decode state is donated, so the cache
 is updated in place.
