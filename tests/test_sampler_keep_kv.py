@@ -136,6 +136,34 @@ def test_kept_slots_under_new_weights_read_the_old_keys_and_values(
                          np.asarray(other.logprobs[:1]))) > 1e-3
 
 
+@pytest.mark.parametrize("mesh", [dict(data=2), dict(data=2, fsdp=2,
+                                                      tensor=2)],
+                         ids=["devices-loop-apart", "data-fsdp-tensor"])
+def test_kept_slots_on_a_mesh_match_one_device(params, mesh):
+  from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
+  n = int(np.prod(list(mesh.values())))
+  sharder = Sharder(make_mesh(MeshConfig(**mesh), jax.devices()[:n]))
+  engine = Engine(CFG, PAGES, sharder=sharder)
+  mesh_params = jax.device_put(params, engine.param_shardings)
+  requests = _requests(5) + [SampleRequest(
+      "s", _prompt(9, 7), max_new_tokens=30, budget=5,
+      sampling=SamplingParams(temperature=1.0, seed=4))]
+  out = []
+  for sampler, p in ((Sampler(engine, NO_REPEAT, steps_per_call=3),
+                      mesh_params),
+                     (Sampler(Engine(CFG, PAGES), NO_REPEAT,
+                              steps_per_call=3), params)):
+    first, _ = sampler.generate(p, requests, keep_cut_kv=True)
+    second, stats = sampler.generate(p, _continue(requests, first, 6,
+                                                  seed=11))
+    assert stats.resumed == 4 and stats.prefill_tokens == 0
+    out.append((first, second))
+  for on_mesh, single in zip(*out):
+    assert [r.tokens for r in on_mesh] == [r.tokens for r in single]
+    for a, b in zip(on_mesh, single):
+      np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
 def test_slots_no_request_continues_are_freed(params):
   engine = Engine(CFG, PAGES)
   sampler = Sampler(engine, NO_REPEAT, steps_per_call=3)
