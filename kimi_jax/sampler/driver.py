@@ -430,7 +430,7 @@ class Sampler:
     late: list[_Late] = []
     while True:
       left = None if window is None else window - steps
-      if left is None or left >= min_admit:
+      if _window_open(window, steps, min_admit):
         state, n_tokens, n_admitted, round_late = self._admit_free_slots(
             params, requests, pending, slots, state, results, left)
         prefill_tokens += n_tokens
@@ -457,8 +457,7 @@ class Sampler:
       late = []
       steps += n_steps
       kept += n_kept
-      if cut and (not pending or (window is not None and
-                                  window - steps < min_admit)):
+      if cut and not (pending and _window_open(window, steps, min_admit)):
         # No request can take these slots any more in this call.
         for slot, key in cut.items():
           self._kept[key] = slot
@@ -589,7 +588,7 @@ class Sampler:
             f"prefill bucket {engine.max_prefill_len})")
       slot = int(live[np.argmax(slots.admitted_at[live])])
       self._preempt(slot, slots, requests, pending, carried)
-      state = engine.free_slots(state, np.arange(len(slots.request)) == slot)
+      state = self._free(state, [slot])
       n_out += 1
 
   @staticmethod
@@ -850,6 +849,12 @@ def _firsts(prefix: Prefix) -> tuple[jax.Array, jax.Array,
   """What the host reads of a prefill: its first tokens, their log-probs
   and (routing replay) its experts."""
   return prefix.token, prefix.logprob, prefix.experts
+
+
+def _window_open(window: int | None, steps: int, min_admit: int) -> bool:
+  """Whether requests may still start after `steps` decode steps: always
+  without a window, else while at least `min_admit` of its tokens remain."""
+  return window is None or window - steps >= min_admit
 
 
 def _check_window(window: int | None, min_admit: int) -> None:
