@@ -110,6 +110,19 @@ def test_a_repeat_ends_a_watched_call_where_the_host_sees_it(params, engine):
   assert many.generate_calls < one.generate_calls
 
 
+def test_tails_of_chosen_rows_match_slicing_each_row():
+  rng = np.random.default_rng(3)
+  responses = rng.integers(0, 50, (9, 30))
+  rows = np.array([7, 0, 4, 4])
+  lengths = np.array([30, 0, 5, 12])
+  got = tails(responses, lengths, 6, rows)
+  for i, (row, n) in enumerate(zip(rows, lengths)):
+    want = [-1] * max(0, 6 - n) + list(responses[row, max(0, n - 6):n])
+    assert got[i].tolist() == want
+  # Without rows, row i goes with length i.
+  np.testing.assert_array_equal(tails(responses[rows], lengths, 6), got)
+
+
 @pytest.mark.host_inputs
 def test_repeat_rule_on_device_matches_the_host():
   rng = np.random.default_rng(0)

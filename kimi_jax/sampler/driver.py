@@ -270,7 +270,7 @@ class _Slots:
     total = total + 1
     code = np.zeros(len(slots), np.int64)
     if repeat.enabled:
-      tail = tails(self.response[slots], total, repeat.window)
+      tail = tails(self.response, total, repeat.window, slots)
       code = np.where(repeating(tail, total, repeat), _REPEAT, code)
     code = np.where((code == 0) & (self.n_new[slots] >= self.budget[slots]),
                     _BUDGET, code)

@@ -46,11 +46,15 @@ def device_rule(cfg: RepeatConfig) -> tuple[int, int]:
   return (cfg.ngram, cfg.times) if cfg.enabled else (0, 0)
 
 
-def tails(responses_BxR: np.ndarray, lengths_B: np.ndarray, window: int
-          ) -> np.ndarray:
-  """The last `window` tokens of each row (rows shorter than it: -1 filled)."""
+def tails(responses_NxR: np.ndarray, lengths_B: np.ndarray, window: int,
+          rows_B: np.ndarray | None = None) -> np.ndarray:
+  """The last `window` tokens of rows `rows_B` (default: row i for length
+  i), rows shorter than it -1 filled. Only the tails are read: a row can be
+  as long as the engine's cache, and copying whole rows at every decode
+  step would cost time in proportion to it."""
   idx_BxW = lengths_B[:, None] - window + np.arange(window)[None, :]
-  picked = np.take_along_axis(responses_BxR, np.clip(idx_BxW, 0, None), axis=1)
+  rows_B = np.arange(len(lengths_B)) if rows_B is None else rows_B
+  picked = responses_NxR[rows_B[:, None], np.clip(idx_BxW, 0, None)]
   return np.where(idx_BxW >= 0, picked, -1)
 
 
