@@ -9,11 +9,13 @@ import pytest
 
 from kimi_jax.model import transformer
 from kimi_jax.model.config import ModelConfig
-from kimi_jax.sampler.driver import SampleRequest, Sampler
+from kimi_jax.sampler.driver import (FINISH_REASONS, SampleRequest, Sampler,
+                                     _Slots)
 from kimi_jax.sampler.engine import (DEVICE_STOP_TOKENS, Engine, EngineConfig,
                                      FinishWatch)
-from kimi_jax.sampler.repetition import (RepeatConfig, repeating,
-                                         repeating_on_device, tails)
+from kimi_jax.sampler.repetition import (RepeatConfig, is_repeating,
+                                         repeating, repeating_on_device,
+                                         tails)
 from kimi_jax.sampler.sampling import SamplingParams
 
 CFG = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4,
@@ -108,6 +110,93 @@ def test_a_repeat_ends_a_watched_call_where_the_host_sees_it(params, engine):
   assert "repeat" in {r.finish_reason for r in want if r is not None}
   _same(got, want)
   assert many.generate_calls < one.generate_calls
+
+
+def _one_token_at_a_time(response, n_new, budget, max_new, stop, tokens,
+                         repeat):
+  """Reference: the finish rules applied after each token in turn; returns
+  (tokens taken, finish reason or None)."""
+  response = list(response)
+  for n, token in enumerate(tokens):
+    if token < 0:
+      return n, None
+    response.append(int(token))
+    reason = None
+    if repeat.enabled and is_repeating(response, repeat):
+      reason = "repeat"
+    if reason is None and n_new + n + 1 >= budget:
+      reason = "budget"
+    if len(response) >= max_new:
+      reason = "length"
+    if token in stop:
+      reason = "stop"
+    if reason:
+      return n + 1, reason
+  return len(tokens), None
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_calls_steps_appended_at_once_match_one_token_at_a_time(enabled):
+  """The host takes a call's N steps in one pass (`_Slots.append_steps`):
+  per slot, the tokens up to its first finish or the device's first -1,
+  with the finish rules (stop over length over budget over repeat) of a
+  token-by-token pass."""
+  repeat = RepeatConfig(ngram=2, times=3, enabled=enabled)
+  rng = np.random.default_rng(7)
+  seen = set()
+  for trial in range(40):
+    slots = _Slots(8, 48, 2, experts=(2, 1, np.int32))
+    chosen = np.sort(rng.choice(8, size=rng.integers(1, 9), replace=False))
+    before = {}
+    for slot in chosen:
+      prefix = tuple(rng.integers(0, 3, rng.integers(0, 6)).tolist())
+      req = SampleRequest(
+          ("r", slot), (1, 2, 3), prefix=prefix,
+          max_new_tokens=len(prefix) + int(rng.integers(1, 20)),
+          budget=int(rng.integers(1, 16)),
+          stop_tokens=tuple(rng.choice(6, rng.integers(0, 3), replace=False)
+                            .tolist()))
+      slots.admit(int(slot), int(slot), req)
+      n_old = int(rng.integers(0, 3))  # tokens from earlier calls
+      slots.response[slot, len(prefix):len(prefix) + n_old] = rng.integers(
+          0, 3, n_old)
+      slots.n_new[slot] = n_old
+      before[slot] = (slots.response[slot, :len(prefix) + n_old].copy(),
+                      n_old, req)
+    N, B = int(rng.integers(1, 9)), len(chosen)
+    tokens_NxB = rng.integers(0, 6 if trial % 2 else 3, (N, B))
+    for b in range(B):  # the device's loop ended early for some slots
+      if rng.random() < 0.3:
+        tokens_NxB[rng.integers(0, N):, b] = -1
+    logprobs_NxB = -rng.random((N, B)).astype(np.float32)
+    experts_NxBx2x1 = rng.integers(0, 9, (N, B, 2, 1)).astype(np.int32)
+    taken_B, code_B = slots.append_steps(chosen, tokens_NxB, logprobs_NxB,
+                                         repeat, experts_NxBx2x1)
+    for b, slot in enumerate(chosen):
+      response, n_old, req = before[slot]
+      want_taken, want_reason = _one_token_at_a_time(
+          response, n_old, req.budget, req.max_new_tokens, req.stop_tokens,
+          tokens_NxB[:, b], repeat)
+      assert taken_B[b] == want_taken, (trial, b)
+      got_reason = FINISH_REASONS[code_B[b] - 1] if code_B[b] else None
+      assert got_reason == want_reason, (trial, b)
+      seen.add((want_reason, want_taken < N and tokens_NxB[-1, b] >= 0))
+      assert slots.n_new[slot] == n_old + want_taken
+      total = len(response) + want_taken
+      np.testing.assert_array_equal(
+          slots.response[slot, :total],
+          np.concatenate([response, tokens_NxB[:want_taken, b]]))
+      np.testing.assert_array_equal(
+          slots.logprobs[slot, len(response):total],
+          logprobs_NxB[:want_taken, b])
+      # Step n's experts belong to its input token, at prompt + total - 1.
+      at = 3 + len(response) - 1 + np.arange(want_taken)
+      np.testing.assert_array_equal(slots.experts[slot, at],
+                                    experts_NxBx2x1[:want_taken, b])
+  # Every rule ended some slot, some before the call's last step.
+  reasons = {r for r, _ in seen}
+  assert reasons == set(FINISH_REASONS[:2 + enabled] + ("budget", None))
+  assert (("stop", True) in seen) and (("budget", True) in seen)
 
 
 def test_tails_of_chosen_rows_match_slicing_each_row():
