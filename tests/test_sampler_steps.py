@@ -143,16 +143,19 @@ def test_a_calls_steps_appended_at_once_match_one_token_at_a_time(enabled):
   token-by-token pass."""
   repeat = RepeatConfig(ngram=2, times=3, enabled=enabled)
   rng = np.random.default_rng(7)
-  seen = set()
+  seen, past_row_end = set(), 0
   for trial in range(40):
-    slots = _Slots(8, 48, 2, experts=(2, 1, np.int32))
+    width = 20  # rows end where the device's stopped entries may not
+    slots = _Slots(8, width, 2, experts=(2, 1, np.int32))
     chosen = np.sort(rng.choice(8, size=rng.integers(1, 9), replace=False))
     before = {}
     for slot in chosen:
       prefix = tuple(rng.integers(0, 3, rng.integers(0, 6)).tolist())
       req = SampleRequest(
           ("r", slot), (1, 2, 3), prefix=prefix,
-          max_new_tokens=len(prefix) + int(rng.integers(1, 20)),
+          # prompt + max_new_tokens fit the row, as the engine checks.
+          max_new_tokens=len(prefix) + int(rng.integers(3, width - 2 -
+                                                        len(prefix))),
           budget=int(rng.integers(1, 16)),
           stop_tokens=tuple(rng.choice(6, rng.integers(0, 3), replace=False)
                             .tolist()))
@@ -163,13 +166,16 @@ def test_a_calls_steps_appended_at_once_match_one_token_at_a_time(enabled):
       slots.n_new[slot] = n_old
       before[slot] = (slots.response[slot, :len(prefix) + n_old].copy(),
                       n_old, req)
-    N, B = int(rng.integers(1, 9)), len(chosen)
+    N, B = int(rng.integers(1, 25)), len(chosen)
     tokens_NxB = rng.integers(0, 6 if trial % 2 else 3, (N, B))
     for b in range(B):  # the device's loop ended early for some slots
       if rng.random() < 0.3:
         tokens_NxB[rng.integers(0, N):, b] = -1
     logprobs_NxB = -rng.random((N, B)).astype(np.float32)
     experts_NxBx2x1 = rng.integers(0, 9, (N, B, 2, 1)).astype(np.int32)
+    past_row_end += sum(
+        len(before[slot][0]) + np.cumprod(tokens_NxB[:, b] >= 0).sum() > width
+        for b, slot in enumerate(chosen))
     taken_B, code_B = slots.append_steps(chosen, tokens_NxB, logprobs_NxB,
                                          repeat, experts_NxBx2x1)
     for b, slot in enumerate(chosen):
@@ -197,6 +203,7 @@ def test_a_calls_steps_appended_at_once_match_one_token_at_a_time(enabled):
   reasons = {r for r, _ in seen}
   assert reasons == set(FINISH_REASONS[:2 + enabled] + ("budget", None))
   assert (("stop", True) in seen) and (("budget", True) in seen)
+  assert past_row_end  # the device's entries ran past a row's end
 
 
 def test_tails_of_chosen_rows_match_slicing_each_row():

@@ -270,21 +270,28 @@ class _Slots:
     if N == 0 or B == 0:
       return np.zeros((B,), np.int64), np.zeros((B,), np.int64)
     step_Nx1 = np.arange(N)[:, None]
-    valid_NxB = np.cumprod(tokens_NxB >= 0, axis=0).astype(bool)
     pos_NxB = self.n_prefix[slots_B] + self.n_new[slots_B] + step_Nx1
+    # A slot's entries after the device stopped it are 0, and may run past
+    # the row's end; they all come after a finish, which the length rule
+    # makes sure happens within the row.
+    valid_NxB = np.cumprod((tokens_NxB >= 0) &
+                           (pos_NxB < self.response.shape[1]),
+                           axis=0).astype(bool)
     rows_NxB = np.broadcast_to(slots_B, (N, B))
-    # Every token the device sampled is written, also past a finish: those
-    # entries lie beyond the request's length and are never read.
+    # Every valid token is written, also past a finish: those entries lie
+    # beyond the request's length and are never read.
     at = (rows_NxB[valid_NxB], pos_NxB[valid_NxB])
     self.response[at] = tokens_NxB[valid_NxB]
     self.logprobs[at] = logprobs_NxB[valid_NxB]
     total_NxB = pos_NxB + 1
     code_NxB = np.zeros((N, B), np.int64)
     if repeat.enabled:
-      tail = tails(self.response, total_NxB.ravel(), repeat.window,
-                   rows_NxB.ravel())
-      caught = repeating(tail, total_NxB.ravel(), repeat).reshape(N, B)
-      code_NxB = np.where(caught, _REPEAT, code_NxB)
+      n_V, b_V = np.nonzero(valid_NxB)
+      total_V = total_NxB[n_V, b_V]
+      caught_V = repeating(
+          tails(self.response, total_V, repeat.window, slots_B[b_V]),
+          total_V, repeat)
+      code_NxB[n_V, b_V] = np.where(caught_V, _REPEAT, 0)
     n_new_NxB = self.n_new[slots_B] + step_Nx1 + 1
     code_NxB = np.where((code_NxB == 0) & (n_new_NxB >= self.budget[slots_B]),
                         _BUDGET, code_NxB)
