@@ -18,7 +18,18 @@ measured in the same process (median of 5). With Tunix installed
 (requirements-peer.txt), its sampler runs the same requests on the same
 weights, its timed calls alternating with kimi_jax's so that a drift in
 the machine's speed hits both (sampler_tunix.py): `tunix_tok_s_b{B}` and
-`speedup_vs_tunix_b{B}`. In a process with several devices (on a CPU host,
+`speedup_vs_tunix_b{B}`. The same requests also run through a sampler
+whose weight matmuls take bfloat16 inputs and accumulate in float32
+(`sampler.matmul_dtype="bfloat16"`; norms, attention and sampling stay
+float32), alternating with the rest: `tok_s_b{B}_bf16_matmuls` and
+`speedup_vs_tunix_b{B}_bf16_matmuls` (against the faster of Tunix's two
+settings below), with each sampler's log-prob gap to
+the float32 model (teacher-forced over the drawn tokens: mean |difference|
+and the k3 KL estimate per token, as the RL loop logs them) and the
+number of requests that drew exactly the float32 sampler's tokens; and
+Tunix's sampler with its model in bfloat16 (weights and computation, its
+own setting): `tunix_bf16_tok_s_b{B}`. In a
+process with several devices (on a CPU host,
 XLA_FLAGS=--xla_force_host_platform_device_count=2) the same requests
 also run with the slots split over all devices, a `mesh.data` mesh on
 which each device steps its own slots in its own loop, alternating with
@@ -76,13 +87,14 @@ import sys
 import tempfile
 
 import jax
+import jax.numpy as jnp
 
 from kimi_jax.model.config import count_params
 from kimi_jax.sharding import MeshConfig, Sharder, make_mesh
 from sampler_measure import (admission, cached_vs_recompute,
-                             continuous_vs_static, handoff_timings, prepared,
-                             random_params, throughput, throughput_row,
-                             timed_generate)
+                             continuous_vs_static, handoff_timings,
+                             logprob_gap, prepared, random_params, throughput,
+                             throughput_row, timed_generate)
 from sampler_budget import budget_part
 from sampler_cores import cores_part
 from sampler_profile import profile_part
@@ -96,6 +108,10 @@ from sampler_tunix import timed as tunix_timed
 from sampler_workloads import (DEFAULT_STEPS, NEW_TOKENS, PROMPT_LEN,
                                QWEN_SHAPED, tiny_config)
 from timing import matmul_peak_flops, pin_matmul_precision
+
+
+# The weight-matmul dtype of the peer workload's second kimi_jax row.
+LOW_MATMULS = "bfloat16"
 
 
 def peer(steps: int, batches=(8, 32, 64), repeats: int = 5) -> dict:
@@ -115,12 +131,18 @@ def peer(steps: int, batches=(8, 32, 64), repeats: int = 5) -> dict:
   for b in batches:
     sampler, reqs, compile_s = prepared(cfg, params, b, steps)
     tunix = tunix_prepared(cfg, params, b)  # Tunix's sampler (optional)
+    tunix_low = None if tunix is None else tunix_prepared(
+        cfg, params, b, jnp.bfloat16)
     split = None if data is None else prepared(cfg, params, b, steps, data)
-    ours, theirs, split_runs = [], [], []
+    low = prepared(cfg, params, b, steps, matmul_dtype=LOW_MATMULS)[0]
+    ours, theirs, split_runs, low_runs, theirs_low = [], [], [], [], []
     for _ in range(repeats):  # alternating, so drifts in speed hit all
       ours.append(timed_generate(sampler, params, reqs, f"throughput b{b}"))
+      low_runs.append(timed_generate(low, params, reqs,
+                                     f"{LOW_MATMULS} matmuls b{b}"))
       if tunix is not None:
         theirs.append(tunix_timed(tunix[0], b))
+        theirs_low.append(tunix_timed(tunix_low[0], b))
       if split is not None:
         split_runs.append(timed_generate(split[0], params, reqs,
                                          f"{n} devices b{b}"))
@@ -130,15 +152,28 @@ def peer(steps: int, batches=(8, 32, 64), repeats: int = 5) -> dict:
       row["devices"]["n"] = n
       report[f"tok_s_b{b}_devices{n}"] = row["devices"]["tokens_per_s"]
     row["ceiling_fraction"] = row["tokens_per_s"] / ceiling
+    row.update(logprob_gap(cfg, params, reqs, ours[-1][0]))
+    row["low_matmuls"] = low_matmuls_row(cfg, params, reqs, ours, low_runs,
+                                         low, b)
     report["rows"].append(row)
     report[f"tok_s_b{b}"] = row["tokens_per_s"]
+    report[f"tok_s_b{b}_bf16_matmuls"] = row["low_matmuls"]["tokens_per_s"]
+    report[f"speedup_bf16_matmuls_vs_float32_b{b}"] = (
+        row["low_matmuls"]["tokens_per_s"] / row["tokens_per_s"])
     print(f"[peer] batch {b}: {row['tokens_per_s']:.0f} tok/s "
           f"({row['ceiling_fraction']:.3f} of the ceiling)", file=sys.stderr)
     if tunix is not None:
       row["tunix"] = tunix_row(b, theirs, tunix[1])
+      row["tunix_bf16"] = tunix_row(b, theirs_low, tunix_low[1])
       report[f"tunix_tok_s_b{b}"] = row["tunix"]["tokens_per_s"]
+      report[f"tunix_bf16_tok_s_b{b}"] = row["tunix_bf16"]["tokens_per_s"]
       report[f"speedup_vs_tunix_b{b}"] = (row["tokens_per_s"] /
                                           row["tunix"]["tokens_per_s"])
+      # Against the faster of Tunix's two settings.
+      report[f"speedup_vs_tunix_b{b}_bf16_matmuls"] = (
+          row["low_matmuls"]["tokens_per_s"] /
+          max(row["tunix"]["tokens_per_s"],
+              row["tunix_bf16"]["tokens_per_s"]))
       if split is not None:
         report[f"speedup_vs_tunix_b{b}_devices{n}"] = (
             row["devices"]["tokens_per_s"] / row["tunix"]["tokens_per_s"])
@@ -149,6 +184,22 @@ def peer(steps: int, batches=(8, 32, 64), repeats: int = 5) -> dict:
   report["loadavg_before"] = load_before
   report["loadavg_after"] = os.getloadavg()
   return report
+
+
+def low_matmuls_row(cfg, params, reqs, ours: list, low_runs: list, low,
+                    batch: int) -> dict:
+  """The row of the sampler whose weight matmuls take bfloat16 inputs
+  (`sampler.matmul_dtype`): tokens/s, the gap of its log-probs to the
+  float32 model's, and how many requests drew the float32 sampler's
+  tokens exactly (the same seeds)."""
+  row = throughput_row(low, batch, low_runs, 0.0)
+  row.pop("compile_s")
+  row["matmul_dtype"] = LOW_MATMULS
+  row.update(logprob_gap(cfg, params, reqs, low_runs[-1][0]))
+  same = {r.id: r.tokens for r in ours[-1][0]}
+  row["requests_same_tokens"] = sum(same[r.id] == r.tokens
+                                    for r in low_runs[-1][0])
+  return row
 
 
 def admission_only() -> dict:

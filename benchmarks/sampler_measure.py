@@ -6,6 +6,7 @@ runs after a warm-up that compiles what it needs (`timing.no_compiles`).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -13,8 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kimi_jax.model import transformer
+from kimi_jax.model import logprobs, transformer
 from kimi_jax.model.config import ModelConfig
+from kimi_jax.rl import losses
 from kimi_jax.sampler import handoff
 from kimi_jax.sampler.driver import Sampler
 from kimi_jax.sampler.engine import Engine, EngineConfig
@@ -48,18 +50,50 @@ def warm(sampler: Sampler, params, reqs) -> float:
 
 
 def prepared(cfg, params, batch: int, steps: int,
-             sharder: Sharder | None = None
+             sharder: Sharder | None = None, matmul_dtype: str = ""
              ) -> tuple[Sampler, list, float]:
   """(sampler, requests, compile seconds) for B requests of PROMPT_LEN
   tokens, NEW_TOKENS new ones each, seeded temperature-1 sampling, repeat
   detection on (as the RL loop runs it), after one warm-up call; on one
-  device, or the slots split over `sharder`'s mesh."""
-  engine = Engine(cfg, EngineConfig(batch, CACHE_LEN, (PROMPT_LEN,)),
+  device, or the slots split over `sharder`'s mesh; the weight matmuls in
+  `matmul_dtype` ("": the model's)."""
+  engine = Engine(cfg, EngineConfig(batch, CACHE_LEN, (PROMPT_LEN,),
+                                    matmul_dtype=matmul_dtype),
                   sharder=sharder)
   sampler = Sampler(engine, RepeatConfig(), steps_per_call=steps)
   seeded = lambda i: SamplingParams(seed=i)
   reqs = requests(cfg, batch, [NEW_TOKENS] * batch, seeded, seed=1)
   return sampler, reqs, warm(sampler, params, reqs)
+
+
+def logprob_gap(cfg: ModelConfig, params, reqs, results) -> dict:
+  """How far a sampler's log-probs of the tokens it drew are from the
+  model's own (`cfg` as the trainer runs it, teacher-forced over each
+  request's prompt and response): `logprob_gap_abs`, the mean |difference|
+  per token, and `logprob_gap_kl`, the k3 estimate of KL(sampler || model)
+  per token, as the RL loop logs them (`losses.logprob_gap_sums`)."""
+  by_id = {r.id: r for r in results}
+  rows = [(req.prompt, by_id[req.id]) for req in reqs]
+  T = max(len(p) + len(r.tokens) for p, r in rows)
+  tokens = np.zeros((len(rows), T), np.int32)
+  sampled = np.zeros((len(rows), T), np.float32)
+  mask = np.zeros((len(rows), T), np.float32)
+  for i, (prompt, r) in enumerate(rows):
+    seq = list(prompt) + list(r.tokens)
+    tokens[i, :len(seq)] = seq
+    # Position t's target is token t + 1: the response's log-probs sit at
+    # the positions before each drawn token.
+    at = slice(len(prompt) - 1, len(seq) - 1)
+    sampled[i, at] = r.logprobs
+    mask[i, at] = 1.0
+  positions = np.broadcast_to(np.arange(T, dtype=np.int32), tokens.shape)
+  targets = np.concatenate([tokens[:, 1:], tokens[:, :1] * 0], axis=1)
+  model = jax.jit(functools.partial(logprobs.token_logprobs, cfg=cfg))(
+      params, tokens, positions, np.ones_like(tokens), targets)
+  sums = jax.device_get(losses.logprob_gap_sums(model, sampled, mask))
+  n = float(sums["gap_tokens"])
+  return dict(logprob_gap_abs=float(sums["gap_abs_sum"]) / n,
+              logprob_gap_kl=float(sums["gap_kl_sum"]) / n, tokens=int(n))
 
 
 def throughput_row(sampler: Sampler, batch: int, runs: list, compile_s: float

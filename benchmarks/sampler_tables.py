@@ -22,6 +22,26 @@ def print_peer(report: dict) -> None:
     print(f"| {r['batch']} | {r['tokens_per_s']:.0f} | "
           f"{r['ceiling_fraction']:.3f} | {r['seconds']:.3f} | "
           f"{', '.join(f'{x:.3f}' for x in r['runs_s'])} | {theirs} |")
+  low = [r for r in report["rows"] if "low_matmuls" in r]
+  if low:
+    print(f"\nweight matmuls with {low[0]['low_matmuls']['matmul_dtype']} "
+          f"inputs, float32 accumulation (sampler.matmul_dtype)")
+    print("| batch | tokens/s | vs float32 | Tunix bfloat16 tokens/s | vs "
+          "Tunix's faster | log-prob gap, mean abs / k3 KL (float32's) | "
+          "requests with float32's tokens |")
+    print("|---|---|---|---|---|---|---|")
+    for r in low:
+      m = r["low_matmuls"]
+      tunix = [r[k]["tokens_per_s"] for k in ("tunix", "tunix_bf16")
+               if k in r]
+      vs = "-" if not tunix else f"{m['tokens_per_s'] / max(tunix):.2f}x"
+      theirs = "-" if "tunix_bf16" not in r else (
+          f"{r['tunix_bf16']['tokens_per_s']:.0f}")
+      print(f"| {r['batch']} | {m['tokens_per_s']:.0f} | "
+            f"{m['tokens_per_s'] / r['tokens_per_s']:.2f}x | {theirs} | {vs} | "
+            f"{m['logprob_gap_abs']:.1e} / {m['logprob_gap_kl']:.1e} "
+            f"({r['logprob_gap_abs']:.1e} / {r['logprob_gap_kl']:.1e}) | "
+            f"{m['requests_same_tokens']} of {r['batch']} |")
   split = [r["devices"] for r in report["rows"] if "devices" in r]
   if split:  # a process with several devices: the slots split over them
     print(f"\nthe slots split over {split[0]['n']} devices, each stepping "

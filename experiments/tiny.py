@@ -193,6 +193,10 @@ def sampler_config() -> ml_collections.ConfigDict:
       # "xla" (any backend) or "pallas_tpu" (the TPU paged attention
       # kernel; needs page_size > 0).
       attention_kernel="xla",
+      # The sampler's weight matmuls: "" as the model computes, or
+      # "bfloat16" inputs accumulated in float32 (faster where bfloat16
+      # matmul units exist; the log-prob gap to the trainer grows).
+      matmul_dtype="",
   ))
 
 

@@ -264,16 +264,19 @@ class TraceCounter:
 
 def jit_train_step(loss_fn: LossFn, optimizer, shardings: TrainState,
                    batch_sharding: Any, *,
-                   compiler_options: Mapping[str, str] | None = None
+                   compiler_options: Mapping[str, str] | None = None,
+                   matmul_dtype=jnp.float32
                    ) -> tuple[Callable, TraceCounter]:
   """The step jitted with in/out shardings and the state donated.
 
   `compiler_options` None: the train-step options of the mesh's backend
+  for a model whose weight matmuls take `matmul_dtype` inputs
   (`kimi_jax.infra.compile_options`); {} compiles with XLA's defaults.
   """
   if compiler_options is None:
     platform = shardings.step.mesh.devices.flat[0].platform
-    compiler_options = compile_options.train_step_options(platform)
+    compiler_options = compile_options.train_step_options(platform,
+                                                          matmul_dtype)
   counter = TraceCounter(
       lambda state, batch: train_step(state, batch, loss_fn=loss_fn,
                                       optimizer=optimizer,

@@ -7,6 +7,7 @@ result unchanged up to float rounding."""
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -28,6 +29,11 @@ def test_cpu_gets_the_fusion_option_and_other_backends_nothing():
       compile_options.CPU_TRAIN_OPTIONS)
   assert compile_options.train_step_options("tpu") == {}
   assert compile_options.train_step_options("gpu") == {}
+  # Bfloat16 matmul inputs: XLA:CPU's fused dot would round the float32
+  # product (tests/test_rl_gap.py sees that as a sampler-trainer gap).
+  assert compile_options.train_step_options("cpu", jnp.bfloat16) == {}
+  assert compile_options.train_step_options("cpu", jnp.float32) == dict(
+      compile_options.CPU_TRAIN_OPTIONS)
 
 
 def test_an_option_this_jaxlib_rejects_is_dropped(monkeypatch):

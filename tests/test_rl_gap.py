@@ -124,8 +124,8 @@ def _minibatches(learner, groups, old=True):
                               correct_PxK=reward > 0), members
 
 
-def _train(rl, host_params, groups, old=True):
-  learner = Learner(CFG, rl, _sharder(), cache_len=32)
+def _train(rl, host_params, groups, old=True, cfg=CFG):
+  learner = Learner(cfg, rl, _sharder(), cache_len=32)
   state = learner.init_state(jax.device_put(host_params,
                                             learner.shardings.params))
   mbs, members = _minibatches(learner, groups, old)
@@ -205,12 +205,13 @@ def _check_tis_stats(stats, truth, minibatches):
       np.mean([np.minimum(r, TIS_CAP).mean() for r in ratios]), rel=1e-5)
 
 
-def _sampled_groups(model_cfg, host_params, n_prompts=3):
+def _sampled_groups(model_cfg, host_params, n_prompts=3, matmul_dtype=""):
   """Groups of K responses sampled by a real sampler whose engine runs
-  `model_cfg` (its compute dtype), at VERSION, from `host_params`."""
+  `model_cfg` (its compute dtype; its weight matmuls in `matmul_dtype`,
+  `sampler.matmul_dtype`), at VERSION, from `host_params`."""
   sharder = _sharder()
-  sampler = make_sampler(model_cfg, SamplerConfig(max_slots=16, cache_len=32),
-                         sharder)
+  sampler = make_sampler(model_cfg, SamplerConfig(
+      max_slots=16, cache_len=32, matmul_dtype=matmul_dtype), sharder)
   params, _ = handoff.place_params(
       jax.device_put(host_params, sampler.engine.param_shardings),
       sampler.engine.param_shardings)
@@ -247,6 +248,27 @@ def test_bfloat16_sampling_shows_a_gap_that_float32_sampling_does_not():
   # One bfloat16 rounding of a logit is ~4e-3 relative.
   assert bf16["logprob_gap_abs"] > 1e-3
   assert bf16["logprob_gap_kl"] > 1e3 * max(f32["logprob_gap_kl"], 1e-12)
+
+
+@pytest.mark.slow
+def test_bfloat16_sampler_matmuls_gap_to_a_float32_trainer_only():
+  """`sampler.matmul_dtype="bfloat16"` under a float32 model: a gap to the
+  float32 trainer, none (to float32 rounding) to a trainer whose weight
+  matmuls round alike (`model.matmul_dtype`), which also trains."""
+  params = _host_params()
+  rl = dataclasses.replace(RL, prompts_per_iteration=3, minibatch_prompts=3,
+                           epochs=1)
+  groups = _sampled_groups(CFG, params, matmul_dtype="bfloat16")
+  exact = _train(rl, params, groups)[1]
+  alike_cfg = dataclasses.replace(CFG, matmul_dtype="bfloat16")
+  after, alike, _ = _train(rl, params, groups, cfg=alike_cfg)
+  assert exact["logprob_gap_abs"] > 1e-3
+  assert alike["logprob_gap_abs"] < 1e-5
+  assert exact["logprob_gap_kl"] > 1e3 * max(alike["logprob_gap_kl"], 1e-12)
+  # The bfloat16-matmul trainer's update moves the weights.
+  moved = max(float(np.abs(np.asarray(a, np.float32) - b).max())
+              for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(params)))
+  assert moved > 1e-5 and np.isfinite(moved)
 
 
 # ---------------------------------------------------------------------------

@@ -35,3 +35,9 @@ class NamedDtypes:
   @property
   def compute_jnp_dtype(self):
     return DTYPES[self.compute_dtype]
+
+  @property
+  def matmul_jnp_dtype(self):
+    """The weight matmuls' input dtype: `matmul_dtype` where a config has
+    one set, else the compute dtype."""
+    return DTYPES[getattr(self, "matmul_dtype", "") or self.compute_dtype]

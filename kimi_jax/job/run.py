@@ -283,8 +283,9 @@ def run_sft(job: Job, state: ts.TrainState, start_step: int,
       image_slots(cfg.model.vision)))
   loss_fn = lambda p, rows: ts.cross_entropy_loss(p, rows, cfg=cfg.model,
                                                   sharder=job.sharder)
-  step_fn, counter = ts.jit_train_step(loss_fn, optimizer, shardings,
-                                       rows_sh)
+  step_fn, counter = ts.jit_train_step(
+      loss_fn, optimizer, shardings, rows_sh,
+      matmul_dtype=cfg.model.matmul_jnp_dtype)
   lr = _learning_rates(cfg.sft.optimizer(), cfg.sft.steps)
   every = max(1, cfg.sft.steps // 4)
   target, check_every = cfg.sft.stop_at_val, cfg.sft.check_every

@@ -507,8 +507,9 @@ def train_dpo(ctx: Context, ref_params: Any, params: Any,
              for b in batches]
   loss_fn = functools.partial(dpo.batch_loss, cfg=cfg.model, sharder=sharder,
                               beta=d.beta, nll_weight=d.nll_weight)
-  step_fn, counter = ts.jit_train_step(loss_fn, optimizer, shardings,
-                                       batch_shardings(sharder, batches[0]))
+  step_fn, counter = ts.jit_train_step(
+      loss_fn, optimizer, shardings, batch_shardings(sharder, batches[0]),
+      matmul_dtype=cfg.model.matmul_jnp_dtype)
   state = ts.create_state(params, optimizer, shardings)
   earlier = list(earlier_rows)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from kimi_jax.infra.dtypes import NamedDtypes, check_dtypes
+from kimi_jax.infra.dtypes import DTYPES, NamedDtypes, check_dtypes
 from kimi_jax.model.rope import RopeScaling
 from kimi_jax.vision import projector, tower
 from kimi_jax.vision.config import VisionConfig
@@ -45,6 +45,12 @@ class ModelConfig(NamedDtypes):
   max_seq_len: int = 4096
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
+  # The dtype the weight matmuls (projections, MLP and experts, the
+  # unembedding) round their inputs to, accumulating in compute_dtype; the
+  # weight matrices are rounded to it wherever they are read (the input
+  # embedding too, so a tied table reads the same everywhere). "": the
+  # compute dtype. The sampler sets it from `sampler.matmul_dtype`.
+  matmul_dtype: str = ""
   # Rematerialise each layer in the backward pass (memory for compute).
   remat: bool = False
   # Run the layers of the cache-free path (training, reference and
@@ -147,6 +153,12 @@ class ModelConfig(NamedDtypes):
       raise ValueError(f"model.head_dim must be even for rotary embeddings, "
                        f"got {self.head_dim}")
     check_dtypes(self, "model")
+    if self.matmul_dtype and (
+        self.matmul_dtype not in DTYPES or DTYPES[self.matmul_dtype].dtype
+        .itemsize > DTYPES[self.compute_dtype].dtype.itemsize):
+      raise ValueError(f"model.matmul_dtype must be '' or one of "
+                       f"{sorted(DTYPES)} no wider than model.compute_dtype "
+                       f"({self.compute_dtype}), got {self.matmul_dtype!r}")
     attentions = ("dot", "blockwise", "splash", "auto")
     if self.attention not in attentions:
       raise ValueError(f"model.attention must be one of {attentions}, got "

@@ -151,8 +151,8 @@ def read_config_json(path: str, expected: str) -> dict[str, Any]:
 
 # Fields the run chooses (precision, memory, sequence length); every other
 # ModelConfig field is architecture and comes from the checkpoint.
-RUN_SETTINGS = ("param_dtype", "compute_dtype", "remat", "max_seq_len",
-                "router_aux_loss_coef")
+RUN_SETTINGS = ("param_dtype", "compute_dtype", "matmul_dtype", "remat",
+                "max_seq_len", "router_aux_loss_coef")
 # Where each architecture field lives in config.json, for error messages.
 _HF_KEYS = {
     "vocab_size": "vocab_size", "d_model": "hidden_size",

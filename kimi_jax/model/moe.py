@@ -128,6 +128,17 @@ def route(h_NxD: jax.Array, router_DxE: jax.Array, cfg: ModelConfig,
           probs_NxE)
 
 
+def _expert_product(x_MxD: jax.Array, w_ExDxF: jax.Array, sizes_E: jax.Array,
+                    cfg: ModelConfig) -> jax.Array:
+  """Each run of rows times its expert's weight; with a `cfg.matmul_dtype`
+  of its own, both rounded to it and accumulated in the compute dtype."""
+  dt, mm = cfg.compute_jnp_dtype, cfg.matmul_jnp_dtype
+  if mm == dt:
+    return jax.lax.ragged_dot(x_MxD, w_ExDxF.astype(dt), sizes_E)
+  return jax.lax.ragged_dot(x_MxD.astype(mm), w_ExDxF.astype(mm), sizes_E,
+                            preferred_element_type=dt)
+
+
 def grouped_experts(h_NxD: jax.Array, experts_NxK: jax.Array,
                     gates_NxK: jax.Array, lp: Params, cfg: ModelConfig
                     ) -> jax.Array:
@@ -135,15 +146,15 @@ def grouped_experts(h_NxD: jax.Array, experts_NxK: jax.Array,
   copies sorted by expert, each projection one `ragged_dot` over the
   experts' runs."""
   N, K = experts_NxK.shape
-  E, dt = cfg.n_experts, cfg.compute_jnp_dtype
+  E = cfg.n_experts
   flat_M = experts_NxK.reshape(-1)
   order_M = jnp.argsort(flat_M, stable=True)
   sizes_E = jnp.bincount(flat_M, length=E).astype(jnp.int32)
   x_MxD = jnp.take(h_NxD, order_M // K, axis=0)
-  gate = jax.lax.ragged_dot(x_MxD, lp["expert_gate"].astype(dt), sizes_E)
-  up = jax.lax.ragged_dot(x_MxD, lp["expert_up"].astype(dt), sizes_E)
-  y_MxD = jax.lax.ragged_dot(jax.nn.silu(gate) * up,
-                             lp["expert_down"].astype(dt), sizes_E)
+  gate = _expert_product(x_MxD, lp["expert_gate"], sizes_E, cfg)
+  up = _expert_product(x_MxD, lp["expert_up"], sizes_E, cfg)
+  y_MxD = _expert_product(jax.nn.silu(gate) * up, lp["expert_down"], sizes_E,
+                          cfg)
   y_MxD = y_MxD * jnp.take(gates_NxK.reshape(-1), order_M)[:, None]
   back = jnp.zeros_like(y_MxD).at[order_M].set(y_MxD, unique_indices=True)
   return back.reshape(N, K, -1).sum(axis=1)

@@ -40,30 +40,42 @@ def _parse(spec: str) -> tuple[int, bool]:
                    f"contracted+out->tokens+out' (or w as out+contracted)")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def project(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
-  """`jnp.einsum(spec, x, w)`; see the module docstring."""
-  return jnp.einsum(spec, x, w)
+def project(spec: str, x: jax.Array, w: jax.Array, out_dtype=None
+            ) -> jax.Array:
+  """`jnp.einsum(spec, x, w, preferred_element_type=out_dtype)`; see the
+  module docstring. out_dtype: the product's dtype when wider than the
+  inputs' (bfloat16 inputs accumulated in float32); None: the inputs'."""
+  return _project(spec, out_dtype, x, w)
 
 
-def _project_fwd(spec, x, w):
-  return jnp.einsum(spec, x, w), (x, w)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _project(spec, out_dtype, x, w):
+  return jnp.einsum(spec, x, w, preferred_element_type=out_dtype)
 
 
-def _project_bwd(spec, res, g):
+def _project_fwd(spec, out_dtype, x, w):
+  return _project(spec, out_dtype, x, w), (x, w)
+
+
+def _project_bwd(spec, out_dtype, res, g):
   x, w = res
   n_token, contract_first = _parse(spec)
-  _, x_vjp = jax.vjp(lambda x_: jnp.einsum(spec, x_, w), x)
+  _, x_vjp = jax.vjp(lambda x_: jnp.einsum(
+      spec, x_, w, preferred_element_type=out_dtype), x)
   (dx,) = x_vjp(g)
   n = math.prod(x.shape[:n_token])
   x_NxC = x.reshape(n, -1)
-  g_NxO = g.reshape(n, -1)
+  # The weight gradient's product at the forward's precision: its inputs
+  # in x's dtype, accumulated in out_dtype.
+  g_NxO = g.reshape(n, -1).astype(x.dtype)
   tokens = (((0,), (0,)), ((), ()))
   if contract_first:
-    dw = jax.lax.dot_general(x_NxC, g_NxO, tokens)
+    dw = jax.lax.dot_general(x_NxC, g_NxO, tokens,
+                             preferred_element_type=out_dtype)
   else:
-    dw = jax.lax.dot_general(g_NxO, x_NxC, tokens)
-  return dx, dw.reshape(w.shape).astype(w.dtype)
+    dw = jax.lax.dot_general(g_NxO, x_NxC, tokens,
+                             preferred_element_type=out_dtype)
+  return dx.astype(x.dtype), dw.reshape(w.shape).astype(w.dtype)
 
 
-project.defvjp(_project_fwd, _project_bwd)
+_project.defvjp(_project_fwd, _project_bwd)

@@ -130,6 +130,27 @@ def _text_param_shapes(cfg: ModelConfig) -> Params:
   return params
 
 
+# The text model's weight matrices, which `cfg.matmul_dtype` rounds (the
+# router's stays in the compute dtype: routing follows small differences).
+MATMUL_WEIGHTS = frozenset({"embed", "lm_head", "wq", "wk", "wv", "wo",
+                            "w_gate", "w_up", "w_down", "expert_gate",
+                            "expert_up", "expert_down"})
+
+
+def round_weights(params: Params, cfg: ModelConfig) -> Params:
+  """params with the text model's weight matrices stored in
+  `cfg.matmul_dtype` (the rest as they are): the model rounds them so as it
+  reads them, so its results do not change, and a decode loop given these
+  does not round them again at every step. Without a matmul dtype of its
+  own, params as they are."""
+  mm = cfg.matmul_jnp_dtype
+  if not cfg.matmul_dtype or mm == cfg.compute_jnp_dtype:
+    return params
+  cast = lambda d: {k: v.astype(mm) if k in MATMUL_WEIGHTS else v
+                    for k, v in d.items()}
+  return {**cast(params), "layers": cast(params["layers"])}
+
+
 def init_params(cfg: ModelConfig, rng: jax.Array, std: float = 0.02
                 ) -> Params:
   """Random init: normal(std) matrices, unit norms (scale norm_offset +
@@ -319,9 +340,9 @@ def _qkv(x_BxTxD, lp: Params, positions_BxT, cfg: ModelConfig,
   """Pre-norm query, key and value projections with rotary embeddings."""
   dt = cfg.compute_jnp_dtype
   h = _norm(x_BxTxD, lp["attn_norm"], cfg)
-  q = project("btd,dhk->bthk", h, lp["wq"].astype(dt))
-  k = project("btd,dhk->bthk", h, lp["wk"].astype(dt))
-  v = project("btd,dhk->bthk", h, lp["wv"].astype(dt))
+  q = _times_weight("btd,dhk->bthk", h, lp["wq"], cfg)
+  k = _times_weight("btd,dhk->bthk", h, lp["wk"], cfg)
+  v = _times_weight("btd,dhk->bthk", h, lp["wv"], cfg)
   if cfg.qkv_bias:
     q = q + lp["bq"].astype(dt)[None, None]
     k = k + lp["bk"].astype(dt)[None, None]
@@ -340,6 +361,17 @@ def _qkv(x_BxTxD, lp: Params, positions_BxT, cfg: ModelConfig,
   return q, k, v
 
 
+def _times_weight(spec: str, x: jax.Array, w: jax.Array, cfg: ModelConfig
+                  ) -> jax.Array:
+  """x times a weight matrix (`project`); with a `cfg.matmul_dtype` of its
+  own, both rounded to it and the product accumulated in the compute
+  dtype."""
+  dt, mm = cfg.compute_jnp_dtype, cfg.matmul_jnp_dtype
+  if mm == dt:
+    return project(spec, x, w.astype(dt))
+  return project(spec, x.astype(mm), w.astype(mm), out_dtype=dt)
+
+
 def _gate(gate_BxTxF: jax.Array, cfg: ModelConfig) -> jax.Array:
   if cfg.mlp_activation == "gelu_tanh":
     return jax.nn.gelu(gate_BxTxF, approximate=True)
@@ -348,12 +380,11 @@ def _gate(gate_BxTxF: jax.Array, cfg: ModelConfig) -> jax.Array:
 
 def _dense_mlp(h_BxTxD, lp: Params, cfg: ModelConfig,
                sharder: Sharder | None) -> jax.Array:
-  dt = cfg.compute_jnp_dtype
-  gate = project("btd,df->btf", h_BxTxD, lp["w_gate"].astype(dt))
-  up = project("btd,df->btf", h_BxTxD, lp["w_up"].astype(dt))
+  gate = _times_weight("btd,df->btf", h_BxTxD, lp["w_gate"], cfg)
+  up = _times_weight("btd,df->btf", h_BxTxD, lp["w_up"], cfg)
   act = constrain(sharder, _gate(gate, cfg) * up,
                   ("batch", "act_length", "mlp"))
-  return project("btf,fd->btd", act, lp["w_down"].astype(dt))
+  return _times_weight("btf,fd->btd", act, lp["w_down"], cfg)
 
 
 def _residual_and_ffn(x_BxTxD, attn_BxTxHxDh, lp: Params, cfg: ModelConfig,
@@ -364,8 +395,7 @@ def _residual_and_ffn(x_BxTxD, attn_BxTxHxDh, lp: Params, cfg: ModelConfig,
   where `sparse`, the mixture of experts (`moe.ffn`; each branch output
   normed first with `cfg.post_norms`). Also returns the MoE layer's
   trace (None for a dense model)."""
-  dt = cfg.compute_jnp_dtype
-  out = project("bthk,hkd->btd", attn_BxTxHxDh, lp["wo"].astype(dt))
+  out = _times_weight("bthk,hkd->btd", attn_BxTxHxDh, lp["wo"], cfg)
   if cfg.post_norms:
     out = _norm(out, lp["post_attn_norm"], cfg)
   x_BxTxD = constrain(sharder, x_BxTxD + out,
@@ -429,7 +459,9 @@ def _cached_mask(lengths_B: jax.Array, T: int, S: int) -> jax.Array:
 def _embed_tokens(params: Params, tokens_BxT: jax.Array,
                   cfg: ModelConfig) -> jax.Array:
   dt = cfg.compute_jnp_dtype
-  x = jnp.take(params["embed"], tokens_BxT, axis=0).astype(dt)
+  x = jnp.take(params["embed"], tokens_BxT, axis=0)
+  # Rounded as the table is where the weights are (see `round_weights`).
+  x = x.astype(cfg.matmul_jnp_dtype).astype(dt)
   if cfg.embed_scale:
     x = x * jnp.asarray(math.sqrt(cfg.d_model), dt)
   return x
@@ -699,12 +731,13 @@ def _windowed_cached(params, x_BxTxD, positions_BxT, segment_ids_BxT,
 def unembed(params: Params, x_BxTxD: jax.Array, *, cfg: ModelConfig,
             sharder: Sharder | None = None) -> jax.Array:
   """Logits (float32) of hidden states x_BxTxD (any T, e.g. a chunk)."""
-  dt = cfg.compute_jnp_dtype
+  mm = cfg.matmul_jnp_dtype
+  x_BxTxD = x_BxTxD.astype(mm)
   if cfg.tie_embeddings:
-    logits = jnp.einsum("btd,vd->btv", x_BxTxD, params["embed"].astype(dt),
+    logits = jnp.einsum("btd,vd->btv", x_BxTxD, params["embed"].astype(mm),
                         preferred_element_type=jnp.float32)
   else:
-    logits = jnp.einsum("btd,dv->btv", x_BxTxD, params["lm_head"].astype(dt),
+    logits = jnp.einsum("btd,dv->btv", x_BxTxD, params["lm_head"].astype(mm),
                         preferred_element_type=jnp.float32)
   if cfg.final_logit_softcap is not None:
     cap = jnp.float32(cfg.final_logit_softcap)

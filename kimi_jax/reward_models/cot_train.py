@@ -103,7 +103,8 @@ def sft(params: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
   loss = functools.partial(ts.cross_entropy_loss, cfg=model_cfg,
                            sharder=sharder)
   step_fn, _ = ts.jit_train_step(loss, optimizer, shardings,
-                                 batch_shardings(sharder, first))
+                                 batch_shardings(sharder, first),
+                                 matmul_dtype=model_cfg.matmul_jnp_dtype)
   history, t0 = [], time.perf_counter()
 
   def read(step: int, metrics: Any, _) -> None:

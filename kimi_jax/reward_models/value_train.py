@@ -82,8 +82,9 @@ def train(params: dict[str, Any], units: Sequence[Unit], *,
   first = peek(batches)
   loss = functools.partial(value_model.loss_fn(cfg.loss), cfg=model_cfg,
                            sharder=sharder)
-  step_fn, counter = ts.jit_train_step(loss, optimizer, shardings,
-                                       batch_shardings(sharder, first))
+  step_fn, counter = ts.jit_train_step(
+      loss, optimizer, shardings, batch_shardings(sharder, first),
+      matmul_dtype=model_cfg.matmul_jnp_dtype)
   history: list[dict[str, float]] = []
   t0 = time.perf_counter()
 

@@ -115,7 +115,8 @@ class Learner:
       fn, counter = ts.jit_train_step(
           loss_fn, self.optimizer, self.shardings,
           (batch_shardings(self.sharder, mb), self.sharder.replicated()),
-          compiler_options=self.compiler_options)
+          compiler_options=self.compiler_options,
+          matmul_dtype=self.model.matmul_jnp_dtype)
       self._steps[key] = fn
       self._counters.append(counter)
     return self._steps[key]

@@ -35,6 +35,9 @@ class SamplerConfig:
   and how decoding reads it (see `EngineConfig`): page_size 0 keeps a row
   of cache_len entries per slot; kv_pages 0 sizes the pool for every slot
   at cache_len.
+
+  matmul_dtype: the engine's weight-matmul dtype (see `EngineConfig`);
+  "" (the default) computes as the trainer does.
   """
 
   max_slots: int
@@ -51,6 +54,7 @@ class SamplerConfig:
   kv_pages: int = 0
   min_view: int = 64
   attention_kernel: str = "xla"
+  matmul_dtype: str = ""
 
   def __post_init__(self):
     if self.steps_per_call < 1:
@@ -70,7 +74,8 @@ class SamplerConfig:
         prefill_buckets=tuple(self.prefill_buckets) or None,
         prefill_batch_buckets=tuple(self.prefill_batch_buckets) or None,
         page_size=self.page_size, kv_pages=self.kv_pages or None,
-        min_view=self.min_view, attention_kernel=self.attention_kernel)
+        min_view=self.min_view, attention_kernel=self.attention_kernel,
+        matmul_dtype=self.matmul_dtype)
 
   @property
   def sampling(self) -> SamplingSettings:

@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kimi_jax.infra.dtypes import DTYPES
 from kimi_jax.model import decode, moe, transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sampler.pages import HostBook, PageTable, PoolExhausted
@@ -137,7 +138,15 @@ class EngineConfig:
   it runs in Pallas's TPU interpreter, which is for tests only (slow).
   It multiplies the query by the score scale in the compute dtype and
   the TPU rounds the kernel's float32 matmuls through bfloat16, so its
-  log-probs differ from "xla"'s in the last bits."""
+  log-probs differ from "xla"'s in the last bits.
+
+  matmul_dtype: the dtype the engine's weight matmuls round their inputs
+  to, accumulating in the model's compute dtype (`model.matmul_dtype`);
+  "": the model's own. "bfloat16" under a float32 model is how a TPU runs
+  float32 matmuls at default precision, and on CPUs with bfloat16 matrix
+  units (AMX, AVX512-BF16) a decode step several times cheaper in its
+  matmuls; the sampled log-probs then differ from the trainer's (the
+  `logprob_gap_*` metrics; `rl.tis_cap` corrects for it)."""
 
   max_slots: int
   cache_len: int
@@ -149,6 +158,7 @@ class EngineConfig:
   attention_kernel: str = "xla"
   # Routing replay: record each token's experts (MoE models only).
   record_experts: bool = False
+  matmul_dtype: str = ""
 
   def __post_init__(self):
     if self.max_slots < 1:
@@ -177,6 +187,9 @@ class EngineConfig:
     if self.attention_kernel not in ATTENTION_KERNELS:
       raise ValueError(f"sampler.attention_kernel must be one of "
                        f"{ATTENTION_KERNELS}, got {self.attention_kernel!r}")
+    if self.matmul_dtype and self.matmul_dtype not in DTYPES:
+      raise ValueError(f"sampler.matmul_dtype must be '' (the model's) or "
+                       f"one of {sorted(DTYPES)}, got {self.matmul_dtype!r}")
     if self.attention_kernel != "xla" and not self.paged:
       raise ValueError(f"sampler.attention_kernel={self.attention_kernel!r} "
                        f"reads a paged cache: set sampler.page_size > 0")
@@ -291,6 +304,16 @@ class Prefix(NamedTuple):
   host_ranked: np.ndarray | None = None
 
 
+def _with_matmul_dtype(cfg: ModelConfig, matmul_dtype: str) -> ModelConfig:
+  """The model as the engine runs it: `sampler.matmul_dtype` where set."""
+  if not matmul_dtype:
+    return cfg
+  if DTYPES[matmul_dtype].dtype.itemsize > cfg.compute_jnp_dtype.dtype.itemsize:
+    raise ValueError(f"sampler.matmul_dtype={matmul_dtype!r} is wider than "
+                     f"model.compute_dtype={cfg.compute_dtype!r}")
+  return dataclasses.replace(cfg, matmul_dtype=matmul_dtype)
+
+
 class Engine:
   """Prefill / insert / generate over the policy's KV-cache slots."""
 
@@ -302,7 +325,7 @@ class Engine:
     if engine_cfg.record_experts and not cfg.n_experts:
       raise ValueError("routing replay (rl.routing_replay) records experts, "
                        "but the model is dense (model.n_experts is 0)")
-    self.cfg = cfg
+    self.cfg = _with_matmul_dtype(cfg, engine_cfg.matmul_dtype)
     self.engine_cfg = engine_cfg
     self.sharder = sharder
     self._record = engine_cfg.record_experts
@@ -317,7 +340,8 @@ class Engine:
                        f"width), got {cfg.head_dim}")
     # A vision model never samples its image placeholder (see sample_tokens).
     self._never = None if cfg.vision is None else cfg.vision.image_token_id
-    self._decode_params_jit = jax.jit(decode.to_decode_params)
+    self._decode_params_jit = jax.jit(lambda p: decode.to_decode_params(
+        transformer.round_weights(p, self.cfg)))
     self._traces: collections.Counter[str] = collections.Counter()
     self._param_shardings = self._make_param_shardings()
     self._host_sharding = (
