@@ -6,6 +6,7 @@
   python benchmarks/sampler.py --part budget --json /tmp/budget.json
   python benchmarks/sampler.py --part cores --json /tmp/cores.json
   python benchmarks/sampler.py --part profile --json /tmp/profile.json
+  python benchmarks/sampler.py --part matmul --json /tmp/matmul.json
 
 --part peer: a fixed workload on the Qwen2-shaped config (4 layers, vocab
 512, width 256, 3.94 M parameters, random weights, seed 0): B requests of
@@ -72,6 +73,11 @@ Tunix's: what the other cores buy each (sampler_cores.py; Linux only).
 core and on all: thread milliseconds per decode step by kind of XLA:CPU
 operation, and how many threads ran at once (sampler_profile.py).
 
+--part matmul: the peer workload's MLP products at 64 slots (64 x 256 x
+1024 and 64 x 1024 x 256) with float32 inputs and with bfloat16 ones
+accumulated in float32, each a jitted loop of 200 dependent products
+(median of 5): ms per product and the bfloat16 speedup.
+
 The parts live beside this script: sampler_workloads.py (models, requests),
 sampler_measure.py (the measurements), sampler_tunix.py (Tunix's sampler on
 the peer workload), sampler_tables.py (the printed tables) and timing.py
@@ -100,14 +106,14 @@ from sampler_cores import cores_part
 from sampler_profile import profile_part
 from sampler_length import length_part, print_length
 from sampler_tables import (print_admission, print_budget, print_cores,
-                            print_handoff, print_peer, print_profile,
-                            print_table)
+                            print_handoff, print_matmul, print_peer,
+                            print_profile, print_table)
 from sampler_tunix import prepared as tunix_prepared
 from sampler_tunix import row as tunix_row
 from sampler_tunix import timed as tunix_timed
 from sampler_workloads import (DEFAULT_STEPS, NEW_TOKENS, PROMPT_LEN,
                                QWEN_SHAPED, tiny_config)
-from timing import matmul_peak_flops, pin_matmul_precision
+from timing import matmul_peak_flops, pin_matmul_precision, product_seconds
 
 
 # The weight-matmul dtype of the peer workload's second kimi_jax row.
@@ -202,6 +208,29 @@ def low_matmuls_row(cfg, params, reqs, ours: list, low_runs: list, low,
   return row
 
 
+# The peer workload's MLP products at 64 slots: (rows, contracted, out).
+DECODE_PRODUCTS = ((64, 256, 1024), (64, 1024, 256))
+
+
+def matmul_part(shapes=DECODE_PRODUCTS, steps: int = 200) -> dict:
+  """Each product of `shapes` with float32 inputs and with bfloat16 ones
+  (float32 accumulation, as `sampler.matmul_dtype="bfloat16"` runs them):
+  ms per product, GFLOP/s, and the bfloat16 speedup."""
+  report = dict(device=str(jax.devices()[0]), steps=steps, rows=[])
+  for m, k, n in shapes:
+    name = f"{m}x{k}x{n}"
+    row = dict(shape=name)
+    for dtype in ("float32", "bfloat16"):
+      s = product_seconds(m, k, n, jnp.dtype(dtype), steps)
+      row[f"ms_{dtype}"] = 1e3 * s
+      row[f"gflop_s_{dtype}"] = 2 * m * k * n / s / 1e9
+      report[f"product_ms_{name}_{dtype}"] = 1e3 * s
+    row["bf16_speedup"] = row["ms_float32"] / row["ms_bfloat16"]
+    report[f"bf16_speedup_{name}"] = row["bf16_speedup"]
+    report["rows"].append(row)
+  return report
+
+
 def admission_only() -> dict:
   """The batched-admission comparison alone, on the tiny config."""
   name, cfg = tiny_config()
@@ -253,7 +282,7 @@ def main(argv=None) -> dict:
                            "reported)")
   parser.add_argument("--part", choices=("all", "peer", "handoff",
                                          "admission", "length", "budget",
-                                         "cores", "profile"),
+                                         "cores", "profile", "matmul"),
                       default="all",
                       help="peer: the fixed Qwen2-shaped workload and its "
                       "ceiling fraction; handoff: only the weight-handoff "
@@ -264,7 +293,9 @@ def main(argv=None) -> dict:
                       "budget: one batch's time call by call; cores: one "
                       "batch pinned to one CPU core against all of them; "
                       "profile: a decode step's thread time by kind of "
-                      "operation, on one core and on all")
+                      "operation, on one core and on all; matmul: the "
+                      "decode step's MLP products in float32 and with "
+                      "bfloat16 inputs")
   args = parser.parse_args(argv)
   precision = pin_matmul_precision()
   batches = [int(b) for b in (args.batches or "8,32,64").split(",")]
@@ -272,6 +303,9 @@ def main(argv=None) -> dict:
   if args.part == "peer":
     report = peer(steps, batches, args.repeats)
     print_peer(report)
+  elif args.part == "matmul":
+    report = matmul_part()
+    print_matmul(report)
   elif args.part == "handoff":
     with tempfile.TemporaryDirectory() as tmp:
       report = dict(handoff=handoff_timings(QWEN_SHAPED, tmp))

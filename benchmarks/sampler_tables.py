@@ -167,3 +167,15 @@ def print_profile(report: dict) -> None:
     print(f"| {label} | {one[key]:.2f} | {every[key]:.2f} |")
   print(f"| threads at once, on average | {one['parallelism']:.2f} | "
         f"{every['parallelism']:.2f} |")
+
+
+def print_matmul(report: dict) -> None:
+  print(f"\nthe decode step's MLP products ({report['device']}; "
+        f"{report['steps']} per jitted loop, median of 5)")
+  print("| product | float32 ms | bfloat16 inputs ms | float32 GFLOP/s | "
+        "bfloat16 GFLOP/s | bfloat16 speedup |")
+  print("|---|---|---|---|---|---|")
+  for r in report["rows"]:
+    print(f"| {r['shape']} | {r['ms_float32']:.3f} | {r['ms_bfloat16']:.3f} "
+          f"| {r['gflop_s_float32']:.1f} | {r['gflop_s_bfloat16']:.1f} | "
+          f"{r['bf16_speedup']:.2f}x |")

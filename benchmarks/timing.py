@@ -9,6 +9,7 @@ import contextlib
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 # float32 matmuls at full float32 precision on every backend, in the peak
@@ -61,3 +62,30 @@ def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
       jax.block_until_ready(matmul(a, a))
       seconds.append(time.perf_counter() - start)
   return 2 * n**3 / float(np.median(seconds))
+
+
+def product_seconds(m: int, k: int, n: int, dtype, steps: int = 200,
+                    repeats: int = 5) -> float:
+  """Seconds of one m x k by k x n product whose inputs are in `dtype`,
+  accumulated in float32 (median of `repeats` jitted loops of `steps`
+  products, each feeding the next so none is hoisted or skipped)."""
+  rng = np.random.default_rng(0)
+  x = jax.device_put(rng.standard_normal((m, k), np.float32))
+  w = jax.device_put(rng.standard_normal((k, n), np.float32).astype(dtype))
+
+  @jax.jit
+  def loop(x, w):
+    def body(_, acc_MxN):
+      x_in = (x + 1e-9 * acc_MxN[0, 0]).astype(dtype)
+      return acc_MxN + jax.lax.dot(x_in, w,
+                                   preferred_element_type=jnp.float32)
+    return jax.lax.fori_loop(0, steps, body, jnp.zeros((m, n), jnp.float32))
+
+  jax.block_until_ready(loop(x, w))
+  seconds = []
+  with no_compiles(f"{m}x{k}x{n} product"):
+    for _ in range(repeats):
+      start = time.perf_counter()
+      jax.block_until_ready(loop(x, w))
+      seconds.append(time.perf_counter() - start)
+  return float(np.median(seconds)) / steps
