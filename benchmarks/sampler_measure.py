@@ -88,9 +88,9 @@ def logprob_gap(cfg: ModelConfig, params, reqs, results) -> dict:
     mask[i, at] = 1.0
   positions = np.broadcast_to(np.arange(T, dtype=np.int32), tokens.shape)
   targets = np.concatenate([tokens[:, 1:], tokens[:, :1] * 0], axis=1)
-  rows = jax.device_put((tokens, positions, np.ones_like(tokens), targets))
+  inputs = jax.device_put((tokens, positions, np.ones_like(tokens), targets))
   model = jax.jit(functools.partial(logprobs.token_logprobs, cfg=cfg))(
-      params, *rows)
+      params, *inputs)
   sums = jax.device_get(jax.jit(losses.logprob_gap_sums)(
       model, *jax.device_put((sampled, mask))))
   n = float(sums["gap_tokens"])

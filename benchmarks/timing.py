@@ -49,19 +49,26 @@ def no_compiles(label: str):
         f"section; warm up every shape it uses first")
 
 
+def median_seconds(call, label: str, repeats: int = 5) -> float:
+  """Median wall seconds of `repeats` calls of `call()` (waited on), after
+  one warm-up call; none may compile."""
+  jax.block_until_ready(call())
+  seconds = []
+  with no_compiles(label):
+    for _ in range(repeats):
+      start = time.perf_counter()
+      jax.block_until_ready(call())
+      seconds.append(time.perf_counter() - start)
+  return float(np.median(seconds))
+
+
 def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
   """fp32 FLOP/s of a jitted n^3 matmul on the default device (median)."""
   a = jax.device_put(np.random.default_rng(0).standard_normal(
       (n, n), np.float32))
   matmul = jax.jit(lambda x, y: x @ y)
-  jax.block_until_ready(matmul(a, a))
-  seconds = []
-  with no_compiles("matmul peak"):
-    for _ in range(repeats):
-      start = time.perf_counter()
-      jax.block_until_ready(matmul(a, a))
-      seconds.append(time.perf_counter() - start)
-  return 2 * n**3 / float(np.median(seconds))
+  return 2 * n**3 / median_seconds(lambda: matmul(a, a), "matmul peak",
+                                   repeats)
 
 
 def product_seconds(m: int, k: int, n: int, dtype, steps: int = 200,
@@ -81,11 +88,5 @@ def product_seconds(m: int, k: int, n: int, dtype, steps: int = 200,
                                    preferred_element_type=jnp.float32)
     return jax.lax.fori_loop(0, steps, body, jnp.zeros((m, n), jnp.float32))
 
-  jax.block_until_ready(loop(x, w))
-  seconds = []
-  with no_compiles(f"{m}x{k}x{n} product"):
-    for _ in range(repeats):
-      start = time.perf_counter()
-      jax.block_until_ready(loop(x, w))
-      seconds.append(time.perf_counter() - start)
-  return float(np.median(seconds)) / steps
+  return median_seconds(lambda: loop(x, w), f"{m}x{k}x{n} product",
+                        repeats) / steps

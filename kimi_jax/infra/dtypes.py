@@ -22,6 +22,21 @@ def check_dtypes(cfg, section: str) -> None:
                        f"got {getattr(cfg, name)!r}")
 
 
+def check_matmul_dtype(matmul_dtype: str, key: str,
+                       compute_dtype: str | None = None) -> None:
+  """Raises naming `key` unless matmul_dtype is "" (the compute dtype's)
+  or a known dtype no wider than `compute_dtype` (when given)."""
+  if not matmul_dtype:
+    return
+  if matmul_dtype not in DTYPES:
+    raise ValueError(f"{key} must be '' or one of {sorted(DTYPES)}, got "
+                     f"{matmul_dtype!r}")
+  if compute_dtype is not None and (DTYPES[matmul_dtype].dtype.itemsize >
+                                    DTYPES[compute_dtype].dtype.itemsize):
+    raise ValueError(f"{key}={matmul_dtype!r} is wider than "
+                     f"model.compute_dtype={compute_dtype!r}")
+
+
 class NamedDtypes:
   """For a frozen config with `param_dtype` and `compute_dtype` names."""
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from kimi_jax.infra.dtypes import DTYPES, NamedDtypes, check_dtypes
+from kimi_jax.infra.dtypes import (NamedDtypes, check_dtypes,
+                                   check_matmul_dtype)
 from kimi_jax.model.rope import RopeScaling
 from kimi_jax.vision import projector, tower
 from kimi_jax.vision.config import VisionConfig
@@ -153,12 +154,8 @@ class ModelConfig(NamedDtypes):
       raise ValueError(f"model.head_dim must be even for rotary embeddings, "
                        f"got {self.head_dim}")
     check_dtypes(self, "model")
-    if self.matmul_dtype and (
-        self.matmul_dtype not in DTYPES or DTYPES[self.matmul_dtype].dtype
-        .itemsize > DTYPES[self.compute_dtype].dtype.itemsize):
-      raise ValueError(f"model.matmul_dtype must be '' or one of "
-                       f"{sorted(DTYPES)} no wider than model.compute_dtype "
-                       f"({self.compute_dtype}), got {self.matmul_dtype!r}")
+    check_matmul_dtype(self.matmul_dtype, "model.matmul_dtype",
+                       self.compute_dtype)
     attentions = ("dot", "blockwise", "splash", "auto")
     if self.attention not in attentions:
       raise ValueError(f"model.attention must be one of {attentions}, got "

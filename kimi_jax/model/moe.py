@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from kimi_jax.model.config import ModelConfig
+from kimi_jax.model.projection import weight_operands
 from kimi_jax.sharding import Sharder, constrain
 
 Params = dict[str, Any]
@@ -132,11 +133,9 @@ def _expert_product(x_MxD: jax.Array, w_ExDxF: jax.Array, sizes_E: jax.Array,
                     cfg: ModelConfig) -> jax.Array:
   """Each run of rows times its expert's weight; with a `cfg.matmul_dtype`
   of its own, both rounded to it and accumulated in the compute dtype."""
-  dt, mm = cfg.compute_jnp_dtype, cfg.matmul_jnp_dtype
-  if mm == dt:
-    return jax.lax.ragged_dot(x_MxD, w_ExDxF.astype(dt), sizes_E)
-  return jax.lax.ragged_dot(x_MxD.astype(mm), w_ExDxF.astype(mm), sizes_E,
-                            preferred_element_type=dt)
+  x, w, out = weight_operands(x_MxD, w_ExDxF, cfg.compute_jnp_dtype,
+                              cfg.matmul_jnp_dtype)
+  return jax.lax.ragged_dot(x, w, sizes_E, preferred_element_type=out)
 
 
 def grouped_experts(h_NxD: jax.Array, experts_NxK: jax.Array,

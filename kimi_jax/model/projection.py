@@ -40,6 +40,15 @@ def _parse(spec: str) -> tuple[int, bool]:
                    f"contracted+out->tokens+out' (or w as out+contracted)")
 
 
+def weight_operands(x: jax.Array, w: jax.Array, compute_dtype, matmul_dtype
+                    ) -> tuple[jax.Array, jax.Array, object]:
+  """(x, w, out_dtype) of an activation-by-weight product: both in
+  matmul_dtype, and out_dtype the compute dtype where the two differ (the
+  product accumulated in it), else None (the inputs' own)."""
+  out = None if matmul_dtype == compute_dtype else compute_dtype
+  return x.astype(matmul_dtype), w.astype(matmul_dtype), out
+
+
 def project(spec: str, x: jax.Array, w: jax.Array, out_dtype=None
             ) -> jax.Array:
   """`jnp.einsum(spec, x, w, preferred_element_type=out_dtype)`; see the

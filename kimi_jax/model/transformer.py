@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from kimi_jax.model import attention, moe, rope
 from kimi_jax.model.config import FULL, SLIDING, ModelConfig
-from kimi_jax.model.projection import project
+from kimi_jax.model.projection import project, weight_operands
 from kimi_jax import sharding as sharding_lib
 from kimi_jax.sharding import Sharder, constrain, tree_param_shardings
 from kimi_jax.vision import merge, projector, tower
@@ -366,10 +366,8 @@ def _times_weight(spec: str, x: jax.Array, w: jax.Array, cfg: ModelConfig
   """x times a weight matrix (`project`); with a `cfg.matmul_dtype` of its
   own, both rounded to it and the product accumulated in the compute
   dtype."""
-  dt, mm = cfg.compute_jnp_dtype, cfg.matmul_jnp_dtype
-  if mm == dt:
-    return project(spec, x, w.astype(dt))
-  return project(spec, x.astype(mm), w.astype(mm), out_dtype=dt)
+  return project(spec, *weight_operands(x, w, cfg.compute_jnp_dtype,
+                                        cfg.matmul_jnp_dtype))
 
 
 def _gate(gate_BxTxF: jax.Array, cfg: ModelConfig) -> jax.Array:

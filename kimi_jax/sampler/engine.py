@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kimi_jax.infra.dtypes import DTYPES
+from kimi_jax.infra.dtypes import check_matmul_dtype
 from kimi_jax.model import decode, moe, transformer
 from kimi_jax.model.config import ModelConfig
 from kimi_jax.sampler.pages import HostBook, PageTable, PoolExhausted
@@ -187,9 +187,7 @@ class EngineConfig:
     if self.attention_kernel not in ATTENTION_KERNELS:
       raise ValueError(f"sampler.attention_kernel must be one of "
                        f"{ATTENTION_KERNELS}, got {self.attention_kernel!r}")
-    if self.matmul_dtype and self.matmul_dtype not in DTYPES:
-      raise ValueError(f"sampler.matmul_dtype must be '' (the model's) or "
-                       f"one of {sorted(DTYPES)}, got {self.matmul_dtype!r}")
+    check_matmul_dtype(self.matmul_dtype, "sampler.matmul_dtype")
     if self.attention_kernel != "xla" and not self.paged:
       raise ValueError(f"sampler.attention_kernel={self.attention_kernel!r} "
                        f"reads a paged cache: set sampler.page_size > 0")
@@ -308,9 +306,7 @@ def _with_matmul_dtype(cfg: ModelConfig, matmul_dtype: str) -> ModelConfig:
   """The model as the engine runs it: `sampler.matmul_dtype` where set."""
   if not matmul_dtype:
     return cfg
-  if DTYPES[matmul_dtype].dtype.itemsize > cfg.compute_jnp_dtype.dtype.itemsize:
-    raise ValueError(f"sampler.matmul_dtype={matmul_dtype!r} is wider than "
-                     f"model.compute_dtype={cfg.compute_dtype!r}")
+  check_matmul_dtype(matmul_dtype, "sampler.matmul_dtype", cfg.compute_dtype)
   return dataclasses.replace(cfg, matmul_dtype=matmul_dtype)
 
 
