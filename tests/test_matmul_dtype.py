@@ -78,6 +78,37 @@ def test_weights_stored_rounded_give_the_same_bits(cfg):
   assert 1e-4 * np.abs(exact).max() < diff < 5e-2 * np.abs(exact).max()
 
 
+def _bf16(a):
+  """a rounded to bfloat16 (on the host), back in float64."""
+  return np.asarray(a).astype(jnp.bfloat16).astype(np.float64)
+
+
+def test_weight_products_round_inputs_and_accumulate_in_float32():
+  """A dense projection and an expert product of the bfloat16-matmul model
+  are the exact products of the rounded inputs, to float32 accumulation
+  (a bfloat16 result would be ~4e-3 off)."""
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((2, 3, 64)).astype(np.float32)
+  w = rng.standard_normal((64, 128)).astype(np.float32)
+  low = dataclasses.replace(CFG, matmul_dtype=BF16)
+  got = transformer._times_weight("btd,df->btf", *jax.device_put((x, w)),
+                                  low)
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(got, np.einsum("btd,df->btf", _bf16(x),
+                                            _bf16(w)), rtol=0, atol=1e-4)
+  # Experts: rows 0-2 to expert 0, rows 3-5 to expert 1.
+  from kimi_jax.model import moe
+  xs = rng.standard_normal((6, 32)).astype(np.float32)
+  ws = rng.standard_normal((2, 32, 16)).astype(np.float32)
+  sizes = np.array([3, 3], np.int32)
+  got = moe._expert_product(*jax.device_put((xs, ws, sizes)),
+                            dataclasses.replace(MOE, matmul_dtype=BF16))
+  assert got.dtype == jnp.float32
+  want = np.concatenate([_bf16(xs[:3]) @ _bf16(ws[0]),
+                         _bf16(xs[3:]) @ _bf16(ws[1])])
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+
+
 def _ref_logp(params, seq, cfg):
   row = np.zeros((1, 48), np.int32)
   row[0, :len(seq)] = seq
